@@ -1,0 +1,210 @@
+"""The `paretolab` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from paretolab.errors import ParetolabError
+
+EPILOG = """examples:
+  paretolab run pipelines/smoke.yaml              run a study on a local Ray
+  paretolab run pipelines/demo.yaml --trials 20   run (or extend) with 20 trials in all
+  paretolab run pipelines/demo.yaml --resume      continue an interrupted study
+  paretolab frontier demo                         the Pareto set of study 'demo'
+  paretolab plugins                               every method, task, measure and model
+  paretolab models pull smollm2-135m              convert the default model once
+"""
+
+
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("stores (default: SQLite files under ./.paretolab)")
+    g.add_argument("--home", help="folder for the default SQLite stores (env PARETOLAB_HOME; default .paretolab)")
+    g.add_argument("--storage", help="Optuna storage, any SQLAlchemy URL (env PARETOLAB_OPTUNA_STORAGE)")
+    g.add_argument("--tracking-uri", help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paretolab",
+        description="Map the quality/cost Pareto frontier of ML efficiency methods.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a study from a pipeline YAML", description=(
+        "Run the study a pipeline file describes: Optuna proposes parameters, Ray workers apply the "
+        "methods to the model, evaluate quality and measure cost; every trial is recorded in Optuna and MLflow."
+    ))
+    run.add_argument("pipeline", help="path to a pipeline YAML (see pipelines/README or the README's reference)")
+    run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
+    run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
+    _store_flags(run)
+    run.set_defaults(func=cmd_run)
+
+    plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
+        "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
+        "cost saving is real (a stored format or kernel) or simulated."
+    ))
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(func=cmd_plugins)
+
+    models = sub.add_parser("models", help="list or pull models")
+    msub = models.add_subparsers(dest="models_command", metavar="ACTION")
+    msub.required = True
+    mlist = msub.add_parser("list", help="registered models and whether they are cached")
+    mlist.set_defaults(func=cmd_models_list)
+    mpull = msub.add_parser("pull", help="fetch/convert a model once so later loads are fast and offline")
+    mpull.add_argument("name", nargs="?", default="smollm2-135m", help="model name (default smollm2-135m)")
+    mpull.set_defaults(func=cmd_models_pull)
+
+    frontier = sub.add_parser("frontier", help="the non-dominated trials of a study, as a table", description=(
+        "Read a study from the stores and print its Pareto set on the pipeline's objectives."
+    ))
+    frontier.add_argument("study", help="study name (the pipeline's `name`)")
+    frontier.add_argument("--json", action="store_true", help="machine-readable output")
+    _store_flags(frontier)
+    frontier.set_defaults(func=cmd_frontier)
+
+    studies = sub.add_parser("studies", help="list the studies in the stores with trial counts")
+    _store_flags(studies)
+    studies.set_defaults(func=cmd_studies)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ParetolabError as exc:
+        print(f"paretolab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _stores(args: argparse.Namespace) -> Any:
+    from paretolab.stores import resolve_stores
+
+    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from paretolab.report import frontier_rows, print_frontier
+    from paretolab.spec import load_spec
+    from paretolab.study import run_study
+
+    spec = load_spec(args.pipeline)
+    stores = _stores(args)
+    outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, progress=not args.no_progress)
+    rows = frontier_rows(spec.name, stores)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
+        print_frontier(spec.name, rows)
+    return 130 if outcome.interrupted else 0
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    from paretolab.report import frontier_rows, print_frontier
+
+    rows = frontier_rows(args.study, _stores(args))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print_frontier(args.study, rows)
+    return 0
+
+
+def cmd_studies(args: argparse.Namespace) -> int:
+    from paretolab.report import study_summaries
+
+    rows = study_summaries(_stores(args))
+    if not rows:
+        print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
+        return 0
+    _table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from paretolab.plugin_manager import registries
+
+    regs = registries()
+    methods = [m.describe() | {"plugin": regs.methods.owner(m.name)} for m in regs.methods]
+    if args.json:
+        payload = {
+            "methods": methods,
+            "tasks": [{"name": t.name, "metrics": list(t.metrics)} for t in regs.tasks],
+            "measures": [{"name": m.name, "metrics": list(m.metrics), "default": m.default} for m in regs.measures],
+            "metrics": [vars(m) for m in regs.metrics],
+            "models": [{"name": m.name, "description": m.description} for m in regs.models],
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    print("methods:")
+    for m in methods:
+        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}")
+        if m["paper"]:
+            print(f"      paper: {m['paper']}")
+        for key, text in m["search_space"].items():
+            print(f"      {key}: {text}")
+    print("tasks:")
+    for t in regs.tasks:
+        print(f"  {t.name}  -> {', '.join(t.metrics)}")
+    print("measures:")
+    for ms in regs.measures:
+        print(f"  {ms.name}{' (default)' if ms.default else ''}  -> {', '.join(ms.metrics)}")
+    print("metrics:")
+    for metric in regs.metrics:
+        unit = f" [{metric.unit}]" if metric.unit else ""
+        print(f"  {metric.name}{unit}  {metric.direction}{', estimated' if metric.estimated else ''}: {metric.description}")
+    print("models:")
+    for model in regs.models:
+        print(f"  {model.name}: {model.description}")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from paretolab.plugin_manager import registries
+
+    for model in registries().models:
+        state = "cached" if model.is_cached() else "not cached (paretolab models pull " + model.name + ")"
+        print(f"{model.name:16s} {state}\n    {model.description}")
+    print("Any local model directory or Hugging Face id (org/name) also works as `model:`.")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    import time
+
+    from paretolab.models import resolve_model
+
+    source = resolve_model(args.name)
+    start = time.perf_counter()
+    where = source.pull()
+    print(f"{args.name}: ready at {where} ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""What a method sees of the trial it runs in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TrialContext:
+    """Per-trial facts and helpers handed to ``transform``, ``evaluate`` and ``measure``.
+
+    ``seed`` is the study seed plus the trial number: use ``generator()`` for any randomness
+    so that a trial is reproducible from its number. Files written under ``workdir`` and
+    listed with ``add_artifact`` are logged to MLflow by the driver.
+    """
+
+    seed: int
+    workdir: Path
+    study: str = ""
+    trial_number: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    stage: str = ""
+    task: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A seeded torch RNG for this trial (``offset`` separates independent streams)."""
+        return torch.Generator().manual_seed(self.seed + offset)
+
+    def calibration_ids(self, tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 16, seq_len: int = 256) -> torch.Tensor:
+        """(n_samples, seq_len) calibration token ids from ``corpus``, seeded by the trial."""
+        from paretolab.data import calibration_ids
+
+        return calibration_ids(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=self.seed)
+
+    def add_artifact(self, name: str, content: str | bytes) -> Path:
+        """Write a file into this trial's workdir and have it logged as an MLflow artifact."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.workdir / name
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        else:
+            path.write_bytes(content)
+        self.artifacts.append(path)
+        return path

@@ -1,0 +1,181 @@
+"""Evaluation data: the built-in corpus, WikiText-2, plain text files and jsonl task files.
+
+Offline first. A named data set is looked for in ``$PARETOLAB_DATA_DIR`` (the layout of the
+project's shared data folder: ``wikitext2/wiki.test.raw``, ``mc/*.jsonl``, ...), then in a
+``shared/data`` folder beside or above the working directory, then downloaded from its usual
+source into the cache (which needs a network).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from paretolab.errors import ConfigError
+
+DATA_ENV = "PARETOLAB_DATA_DIR"
+
+# sha256 of the joined pydoc_data.topics prose, by Python minor version: the corpus is
+# pinned so that perplexities are comparable across machines running the same Python.
+PYDOC_SHA256: dict[str, str] = {
+    "3.11": "d9dc35bce5ab1a24ed7f4c3c9b7c22450410e9d68279e3426db458c6be371621",
+}
+
+# Where the usual sources keep the files we read, relative to a data dir, and their URLs.
+KNOWN_FILES: dict[str, tuple[str, str]] = {
+    "wikitext2": (
+        "wikitext2/wiki.test.raw",
+        "https://huggingface.co/datasets/Salesforce/wikitext/resolve/main/wikitext-2-raw-v1/test-00000-of-00001.parquet",
+    ),
+    "gsm8k": (
+        "gsm8k/test.jsonl",
+        "https://raw.githubusercontent.com/openai/grade-school-math/3101c7d5/grade_school_math/data/test.jsonl",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Where paretolab keeps converted models and downloaded data (``$PARETOLAB_CACHE``)."""
+    root = os.environ.get("PARETOLAB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "paretolab"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_dirs() -> list[Path]:
+    """Folders searched for named data sets, in order."""
+    dirs = []
+    if os.environ.get(DATA_ENV):
+        dirs.append(Path(os.environ[DATA_ENV]))
+    here = Path.cwd().resolve()
+    for base in (here, *here.parents):
+        for candidate in (base / "shared" / "data", base.parent / "shared" / "data"):
+            if candidate.is_dir() and candidate not in dirs:
+                dirs.append(candidate)
+        if len(dirs) > 2:
+            break
+    dirs.append(cache_dir() / "data")
+    return dirs
+
+
+def find_data_file(relative: str, *, url: str | None = None) -> Path:
+    """A data file by its path under a data dir; downloaded into the cache if a URL is known."""
+    for folder in data_dirs():
+        path = folder / relative
+        if path.is_file():
+            return path
+    if url is None:
+        raise ConfigError(
+            f"data file {relative!r} not found in {', '.join(str(d) for d in data_dirs())}; "
+            f"set {DATA_ENV} to a folder that has it, or give a path"
+        )
+    target = cache_dir() / "data" / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 (fixed https URLs)
+            payload = response.read()
+    except OSError as exc:
+        raise ConfigError(
+            f"data file {relative!r} is not on this machine and could not be downloaded from {url} ({exc}); "
+            f"set {DATA_ENV} to a folder that has it"
+        ) from exc
+    if url.endswith(".parquet"):  # a Hugging Face data set: one line of text per row
+        import io
+
+        import pyarrow.parquet as pq
+
+        payload = "".join(pq.read_table(io.BytesIO(payload)).column("text").to_pylist()).encode("utf-8")
+    tmp = target.with_suffix(".part")
+    tmp.write_bytes(payload)
+    tmp.replace(target)
+    return target
+
+
+def pydoc_text() -> str:
+    """The built-in corpus: the Python reference manual's prose from ``pydoc_data.topics``."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key].strip() for key in sorted(topics))
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def load_corpus(name: str) -> tuple[str, str]:
+    """(text, sha256) of a corpus: ``pydoc``, ``wikitext2``, or a path to a UTF-8 text file."""
+    import sys
+
+    if name == "pydoc":
+        text = pydoc_text()
+        digest = sha256_text(text)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        pinned = PYDOC_SHA256.get(version)
+        if pinned and pinned != digest:
+            warnings.warn(
+                f"corpus 'pydoc' on this Python differs from the pinned text ({digest[:12]} != {pinned[:12]}); "
+                "perplexities are not comparable with runs on other machines",
+                stacklevel=2,
+            )
+        return text, digest
+    if name in KNOWN_FILES:
+        relative, url = KNOWN_FILES[name]
+        text = find_data_file(relative, url=url).read_text(encoding="utf-8")
+        return text, sha256_text(text)
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"corpus {name!r} is not UTF-8 text ({exc})") from exc
+        return text, sha256_text(text)
+    raise ConfigError(
+        f"corpus {name!r} is neither a built-in corpus (pydoc, {', '.join(KNOWN_FILES)}) nor a readable file"
+    )
+
+
+def read_jsonl(name_or_path: str, *, folder: str = "mc") -> list[dict[str, Any]]:
+    """Rows of a jsonl file: a path, or a data set name looked up as ``<folder>/<name>.jsonl``."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        known = KNOWN_FILES.get(name_or_path)
+        path = find_data_file(known[0], url=known[1]) if known else find_data_file(f"{folder}/{name_or_path}.jsonl")
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+    return rows
+
+
+def calibration_ids(tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 16, seq_len: int = 256, seed: int = 0) -> Any:
+    """(n_samples, seq_len) token ids cut at seeded random offsets from a corpus, for calibration."""
+    import torch
+
+    text, _ = load_corpus(corpus)
+    ids = torch.tensor(encode(tokenizer, text), dtype=torch.long)
+    if ids.numel() <= seq_len:
+        raise ConfigError(f"corpus {corpus!r} has {ids.numel()} tokens, fewer than seq_len={seq_len}")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - seq_len, (n_samples,), generator=gen)
+    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens, for any HF-style tokenizer."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return list(tokenizer.encode(text))

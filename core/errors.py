@@ -1,0 +1,30 @@
+"""The error hierarchy: one root, and subclasses that also inherit the built-in they mean."""
+
+from __future__ import annotations
+
+
+class ParetolabError(Exception):
+    """Root of every error paretolab raises on purpose."""
+
+
+class ConfigError(ParetolabError, ValueError):
+    """A pipeline, a parameter or a setting has a wrong value; the message names it."""
+
+
+class UnknownNameError(ParetolabError, KeyError):
+    """A method, task, measure, model or metric name that nobody registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateNameError(ParetolabError, ValueError):
+    """Two plugins registered the same name."""
+
+
+class PluginError(ParetolabError, RuntimeError):
+    """A plugin failed to import, has a wrong hook signature or broke its contract."""
+
+
+class TrialError(ParetolabError, RuntimeError):
+    """A trial could not produce usable metrics (NaN, missing objective, timeout)."""

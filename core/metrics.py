@@ -1,0 +1,51 @@
+"""Metric definitions: every number a trial reports is registered once, with unit and direction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["minimize", "maximize"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One reported quantity.
+
+    ``estimated`` is True when the number is computed from a model of the cost (e.g. bytes a
+    format *would* take) rather than measured on a run; methods add to this per trial through
+    their ``cost_is`` (see ``Method``).
+    """
+
+    name: str
+    unit: str
+    direction: Direction
+    description: str
+    estimated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("minimize", "maximize"):
+            raise ValueError(
+                f"metric {self.name!r}: direction must be 'minimize' or 'maximize', got {self.direction!r}"
+            )
+
+
+# The core's own metrics. Plugins register theirs through the `register_metrics` hook.
+BUILTIN_METRICS: tuple[Metric, ...] = (
+    Metric("ppl", "", "minimize", "perplexity on the task's corpus (exp of mean token NLL)"),
+    Metric("nll", "nats/token", "minimize", "mean negative log-likelihood per token"),
+    Metric("acc", "fraction", "maximize", "accuracy (multiple choice: raw log-likelihood)"),
+    Metric("acc_norm", "fraction", "maximize", "multiple-choice accuracy, length-normalised log-likelihood"),
+    Metric("param_count", "parameters", "minimize", "number of distinct parameters (tied weights once)"),
+    Metric("nonzero_params", "parameters", "minimize", "parameters that are not exactly zero"),
+    Metric("size_bytes", "bytes", "minimize", "bytes of the weights as stored by the methods' formats"),
+    Metric("prefill_ms", "ms", "minimize", "median latency of one forward pass over the fixed prompt"),
+    Metric("decode_tok_s", "tokens/s", "maximize", "greedy KV-cached decode throughput, batch 1"),
+    Metric("peak_rss_mb", "MiB", "minimize", "peak resident memory of the worker during the trial"),
+    Metric("peak_gpu_mb", "MiB", "minimize", "peak GPU memory allocated during the trial"),
+    Metric("transform_s", "s", "minimize", "wall time of all transform stages"),
+    Metric("evaluate_s", "s", "minimize", "wall time of quality evaluation"),
+    Metric("measure_s", "s", "minimize", "wall time of cost measurement"),
+    Metric("trial_s", "s", "minimize", "wall time of the trial inside the worker, copy included"),
+    Metric("overhead_s", "s", "minimize", "driver-seen trial wall time minus transform, evaluate and measure"),
+)

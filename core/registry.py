@@ -1,0 +1,66 @@
+"""A typed name -> object registry that refuses duplicates and answers a miss with "did you mean"."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from paretolab.errors import DuplicateNameError, UnknownNameError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Holds one kind of plugin object (methods, tasks, ...) by its ``name``."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+        self._owners: dict[str, str] = {}
+
+    def register(self, item: T, *, owner: str = "?") -> None:
+        """Add ``item`` under ``item.name``; a second object with the same name is refused."""
+        name = getattr(item, "name", None)
+        if not isinstance(name, str) or not name:
+            raise DuplicateNameError(
+                f"{self.kind} from plugin {owner!r} has no usable `name` (got {name!r}); "
+                f"set a class attribute like name = 'my_{self.kind}'"
+            )
+        if name in self._items:
+            raise DuplicateNameError(
+                f"{self.kind} {name!r} is registered twice: by plugin {self._owners[name]!r} "
+                f"and by plugin {owner!r}; rename one of them"
+            )
+        self._items[name] = item
+        self._owners[name] = owner
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``, or an error that suggests the closest names."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownNameError(self.unknown_message(name)) from None
+
+    def unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        known = ", ".join(sorted(self._items)) or "none"
+        return f"unknown {self.kind} {name!r}{hint} (known: {known})"
+
+    def owner(self, name: str) -> str:
+        """The plugin that registered ``name``."""
+        self.get(name)
+        return self._owners[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._items[n] for n in self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,356 @@
+"""The study driver: asks Optuna, runs trials on Ray workers, records them in Optuna and MLflow.
+
+The driver is the only writer of both stores. A trial is logged to MLflow first and told to
+Optuna second; on ``--resume`` a trial that Optuna still calls RUNNING is either told from its
+finished MLflow run or run again, so every trial ends up recorded exactly once in each store.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from paretolab.errors import ConfigError, ParetolabError
+from paretolab.search import StagePlan, grid_points, make_sampler, plan_trial
+from paretolab.spec import StudySpec
+from paretolab.stores import Stores
+from paretolab.trial import TrialInfo, TrialResult, TrialSettings
+
+FAIL_REASON = "fail_reason"
+MLFLOW_RUN = "mlflow_run_id"
+ATTEMPTS = "attempts"
+
+
+@dataclass
+class StudyOutcome:
+    """What a finished (or interrupted) run of the driver did."""
+
+    study: str
+    planned: int
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    wall_s: float = 0.0
+    overhead_s: list[float] = field(default_factory=list)
+    interrupted: bool = False
+
+
+@dataclass
+class _Job:
+    trial: optuna.Trial
+    plan: list[StagePlan]
+    worker: Any
+    started: float
+    attempt: int = 1
+
+
+def run_study(
+    spec: StudySpec,
+    *,
+    stores: Stores,
+    address: str | None = None,
+    resume: bool = False,
+    trials: int | None = None,
+    progress: bool = True,
+    log: Any = print,
+) -> StudyOutcome:
+    """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed)."""
+    import ray
+
+    from paretolab.plugin_manager import plugin_manager, registries
+    from paretolab.tracking import Tracker
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    target = trials or spec.search.trials
+    study = _open_study(spec, stores, resume)
+    outcome = StudyOutcome(study=spec.name, planned=target)
+    tracker = Tracker(stores, spec.name)
+    parent = tracker.study_run(_study_tags(spec), {"pipeline": spec.raw})
+    regs = registries()
+    hooks = plugin_manager().hook
+
+    redo = _stale_trials(study, tracker, spec, outcome, log)
+    done = _finished_count(study)
+    if done >= target and not redo:
+        log(f"study {spec.name!r} already has {done} finished trials (target {target}); nothing to do")
+        return outcome
+
+    _init_ray(address)
+    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed)
+    worker_cls = _worker_class(spec)
+    n_workers = _worker_count(spec, target - done)
+    log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r}")
+    workers = [worker_cls.remote(spec.model, settings) for _ in range(n_workers)]
+    _wait_ready(workers)
+
+    tags = _trial_tags(spec, regs)
+    in_flight: dict[Any, _Job] = {}
+    idle = list(workers)
+    bar = _progress(progress, target, done, spec.name)
+    start = time.perf_counter()
+    try:
+        while True:
+            while idle and (redo or done + len(in_flight) < target):
+                if redo:
+                    trial, attempt = redo.pop(0)
+                    plan = plan_trial(trial, spec)  # Optuna returns the values this trial already holds
+                else:
+                    if done + len(in_flight) + len(redo) >= target:
+                        break
+                    trial, attempt = study.ask(), 1
+                    plan = plan_trial(trial, spec)
+                worker = idle.pop()
+                hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
+                ref = worker.run.remote(plan, trial.number)
+                in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
+            if not in_flight:
+                break
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)
+            now = time.perf_counter()
+            for ref in ready:
+                job = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                    idle.append(job.worker)
+                except ray.exceptions.RayActorError as exc:
+                    idle.append(worker_cls.remote(spec.model, settings))
+                    if job.attempt < 2:
+                        log(f"trial {job.trial.number}: worker died ({_first_line(exc)}); retrying once")
+                        job.trial.set_user_attr(ATTEMPTS, job.attempt + 1)
+                        redo.append((job.trial, job.attempt + 1))
+                        outcome.retried += 1
+                        continue
+                    result = TrialResult(error=f"worker process died twice: {_first_line(exc)}")
+                except ray.exceptions.RayError as exc:
+                    idle.append(job.worker)
+                    result = TrialResult(error=f"{type(exc).__name__}: {_first_line(exc)}")
+                done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+                bar.update(1)
+            for ref, job in list(in_flight.items()):
+                if now - job.started > spec.search.trial_timeout_s:
+                    in_flight.pop(ref)
+                    ray.kill(job.worker, no_restart=True)
+                    idle.append(worker_cls.remote(spec.model, settings))
+                    result = TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)")
+                    done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+                    bar.update(1)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        log(f"\ninterrupted: {len(in_flight)} trial(s) left unfinished; `paretolab run --resume` continues the study")
+    finally:
+        bar.close()
+        for worker in workers + idle:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception:
+                pass
+    outcome.wall_s = time.perf_counter() - start
+    if not outcome.interrupted:
+        tracker.finish_study(parent, {"trials_complete": float(_count(study, optuna.trial.TrialState.COMPLETE)), "trials_failed": float(_count(study, optuna.trial.TrialState.FAIL))})
+    return outcome
+
+
+def _record(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: _Job, result: TrialResult, tags: dict[str, str], now: float, outcome: StudyOutcome, hooks: Any) -> int:
+    """Log one trial to MLflow, then tell Optuna. Returns 1 (one more finished trial)."""
+    if not result.failed:
+        result.error = _objective_problem(spec, result.metrics)
+    inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
+    wall = now - job.started
+    if result.metrics:
+        result.metrics["overhead_s"] = max(wall - inside, 0.0)
+        outcome.overhead_s.append(result.metrics["overhead_s"])
+    params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
+    run_id = tracker.log_trial(parent, job.trial.number, params, result, {**tags, "paretolab.worker": result.worker})
+    job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    if result.failed:
+        job.trial.set_user_attr(FAIL_REASON, result.error)
+        study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
+        outcome.failed += 1
+    else:
+        study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
+        outcome.completed += 1
+    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
+    return 1
+
+
+def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:
+    for objective in spec.objectives:
+        value = metrics.get(objective.metric)
+        if value is None:
+            return f"objective metric {objective.metric!r} was not reported (reported: {', '.join(sorted(metrics))})"
+        if not math.isfinite(value):
+            return f"objective metric {objective.metric!r} is {value}"
+    return None
+
+
+def _open_study(spec: StudySpec, stores: Stores, resume: bool) -> optuna.Study:
+    storage = optuna.storages.RDBStorage(stores.optuna_url, heartbeat_interval=None)
+    directions = [o.direction for o in spec.objectives]
+    try:
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
+    except KeyError:
+        study = optuna.create_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec), directions=directions)
+        study.set_user_attr("pipeline_hash", spec.pipeline_hash())
+        study.set_user_attr("objectives", [[o.metric, o.direction] for o in spec.objectives])
+        study.set_user_attr("model", spec.model)
+        study.set_user_attr("methods", spec.methods())
+        study.set_user_attr("pipeline", spec.raw)
+        if spec.search.sampler == "grid":
+            points = grid_points(spec)
+            for point in points:
+                study.enqueue_trial(point, skip_if_exists=True)
+        return study
+    stored = study.user_attrs.get("pipeline_hash")
+    if stored != spec.pipeline_hash():
+        raise ConfigError(
+            f"study {spec.name!r} in {stores.redacted().optuna_url} was started from a different pipeline "
+            f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"
+        )
+    if not resume and study.trials:
+        raise ConfigError(
+            f"study {spec.name!r} already has {len(study.trials)} trial(s) in {stores.redacted().optuna_url}; "
+            "pass --resume to continue it (or --trials N to extend it), or give the pipeline a new `name`"
+        )
+    return study
+
+
+def _stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, outcome: StudyOutcome, log: Any) -> list[tuple[optuna.Trial, int]]:
+    """Trials a dead driver left RUNNING: told from MLflow when it logged them, else queued again."""
+    redo = []
+    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        trial = optuna.Trial(study, frozen._trial_id)
+        metrics = tracker.finished_trial(frozen.number)
+        if metrics is not None:
+            study.tell(trial, [metrics[o.metric] for o in spec.objectives])
+            log(f"trial {frozen.number}: recovered from its MLflow run")
+            continue
+        reason = tracker.failed_trial(frozen.number)
+        if reason is not None:
+            trial.set_user_attr(FAIL_REASON, reason)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        attempt = int(frozen.user_attrs.get(ATTEMPTS, 1))
+        redo.append((trial, attempt))
+    if redo:
+        log(f"resuming {len(redo)} unfinished trial(s): {', '.join(str(t.number) for t, _ in redo)}")
+    return redo
+
+
+def _finished_count(study: optuna.Study) -> int:
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _count(study: optuna.Study, state: optuna.trial.TrialState) -> int:
+    return len(study.get_trials(deepcopy=False, states=(state,)))
+
+
+def _init_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {k: v for k, v in os.environ.items() if k.startswith("PARETOLAB_") or k in ("PYTHONPATH", "HF_HUB_OFFLINE")}
+    kwargs: dict[str, Any] = {
+        "ignore_reinit_error": True,
+        "logging_level": "WARNING",
+        "log_to_driver": os.environ.get("PARETOLAB_WORKER_LOGS", "") == "1",
+        "runtime_env": {"env_vars": env} if env else None,
+    }
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["include_dashboard"] = False
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {exc}") from exc
+
+
+def _worker_class(spec: StudySpec) -> Any:
+    from paretolab.worker import remote_worker_class
+
+    r = spec.resources
+    return remote_worker_class(r.cpus, r.gpus, r.memory_gb)
+
+
+def _worker_count(spec: StudySpec, remaining: int) -> int:
+    """As many concurrent trials as the cluster's resources allow (or resources.workers)."""
+    import ray
+
+    r = spec.resources
+    if r.workers:
+        return max(1, min(r.workers, remaining))
+    total = ray.cluster_resources()
+    fits = [int(total.get("CPU", 1) // r.cpus)]
+    if r.gpus:
+        if total.get("GPU", 0) < r.gpus:
+            raise ConfigError(f"resources.gpus: each trial needs {r.gpus:g} GPU(s) but the Ray cluster has {total.get('GPU', 0):g}")
+        fits.append(int(total["GPU"] // r.gpus))
+    if r.memory_gb:
+        fits.append(max(1, int(total.get("memory", 0) / 2**30 // r.memory_gb)))
+    return max(1, min(min(fits), remaining))
+
+
+def _wait_ready(workers: list[Any]) -> None:
+    import ray
+
+    try:
+        ray.get([w.ready.remote() for w in workers])
+    except ray.exceptions.RayActorError as exc:
+        cause = exc.__cause__ or exc
+        raise ParetolabError(f"a trial worker could not load the model: {_first_line(cause)}") from exc
+
+
+def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stage in plan:
+        out[f"{stage.stage}.method"] = stage.method
+        for key, value in stage.params.items():
+            out[f"{stage.stage}.{stage.method}.{key}"] = value
+    return out
+
+
+def _study_tags(spec: StudySpec) -> dict[str, str]:
+    return {"paretolab.pipeline_hash": spec.pipeline_hash(), "paretolab.model": spec.model, "paretolab.code_version": code_version()}
+
+
+def _trial_tags(spec: StudySpec, regs: Any) -> dict[str, str]:
+    versions = ",".join(f"{k}={v}" for k, v in sorted(regs.plugin_versions.items()) if not k.startswith("paretolab."))
+    return {
+        **_study_tags(spec),
+        "paretolab.methods": ",".join(spec.methods()),
+        "paretolab.plugin_versions": versions or "builtin only",
+    }
+
+
+def code_version() -> str:
+    """paretolab's version, plus the git commit when running from a checkout."""
+    from paretolab import __version__
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{__version__}+{commit}" if commit else __version__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _progress(enabled: bool, total: int, initial: int, name: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=name, unit="trial", disable=not enabled, file=sys.stderr, dynamic_ncols=True)

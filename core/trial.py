@@ -1,0 +1,181 @@
+"""One trial, as the worker runs it: copy the base subject, apply the stages, evaluate, measure."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.context import TrialContext
+from paretolab.options import parse_options
+from paretolab.search import StagePlan
+from paretolab.subject import Subject
+
+MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class TrialInfo:
+    """What the driver knows of a trial when it starts (passed to the trial hooks)."""
+
+    study: str
+    number: int
+    plan: list[StagePlan]
+    params: dict[str, Any]
+
+
+@dataclass
+class TrialResult:
+    """What a worker sends back: metrics or the failure, timings, artifacts (as bytes)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    simulated_by: list[str] = field(default_factory=list)
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+    error: str | None = None  # one line: the reason
+    traceback: str | None = None
+    worker: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class TrialSettings:
+    """Everything a worker needs besides the base subject (plain data, travels to Ray workers)."""
+
+    study: str
+    task: str
+    task_options: dict[str, Any]
+    measures: dict[str, dict[str, Any]] | None
+    seed: int
+
+
+def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int) -> TrialResult:
+    """Run one trial to a result; every exception becomes a failed result with its traceback."""
+    from paretolab.plugin_manager import registries
+
+    regs = registries()
+    result = TrialResult()
+    sampler = _PeakMemory()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
+        ctx = TrialContext(
+            seed=settings.seed + number,
+            workdir=Path(tmp),
+            study=settings.study,
+            trial_number=number,
+            task={"name": settings.task, **settings.task_options},
+        )
+        try:
+            with sampler, torch.random.fork_rng(devices=[]):
+                torch.manual_seed(ctx.seed)
+                t0 = time.perf_counter()
+                subject = base.copy()
+                result.stage_s["copy"] = time.perf_counter() - t0
+                methods = []
+                for stage in plan:
+                    method = regs.methods.get(stage.method)
+                    methods.append(method)
+                    ctx.stage = stage.stage
+                    t0 = time.perf_counter()
+                    subject = method.transform(subject, dict(stage.params), ctx)
+                    if not isinstance(subject, Subject):
+                        raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
+                    result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
+                    if method.cost_is == "simulated" and method.name not in subject.simulated_by:
+                        subject.simulated_by.append(method.name)
+                subject.model.eval()
+
+                t0 = time.perf_counter()
+                task = regs.tasks.get(settings.task)
+                metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
+                for method in methods:
+                    metrics.update(method.evaluate(subject, ctx))
+                result.stage_s["evaluate"] = time.perf_counter() - t0
+
+                t0 = time.perf_counter()
+                for name, options in _measures(settings.measures, regs).items():
+                    measure = regs.measures.get(name)
+                    metrics.update(measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx))
+                for method in methods:
+                    metrics.update(method.measure(subject, ctx))
+                result.stage_s["measure"] = time.perf_counter() - t0
+            result.metrics = {k: float(v) for k, v in metrics.items()}
+            result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
+            result.simulated_by = list(subject.simulated_by)
+            unknown = sorted(k for k in result.metrics if k not in regs.metrics)
+            if unknown:
+                raise ValueError(f"unregistered metric(s) {unknown}: register them with the register_metrics hook")
+            bad = sorted(k for k, v in result.metrics.items() if math.isnan(v))
+            if bad:
+                result.error = f"metric(s) {', '.join(bad)} are NaN"
+        except Exception as exc:  # a broken trial must not take the study down
+            result.error = f"{type(exc).__name__}: {exc}"
+            result.traceback = traceback.format_exc()
+        result.artifacts = _collect(ctx.artifacts)
+    transform_s = sum(v for k, v in result.stage_s.items() if k.startswith("transform:"))
+    result.metrics.update(
+        {
+            "transform_s": transform_s,
+            "evaluate_s": result.stage_s.get("evaluate", 0.0),
+            "measure_s": result.stage_s.get("measure", 0.0),
+            "trial_s": time.perf_counter() - start,
+            "peak_rss_mb": sampler.peak_mb,
+        }
+    )
+    if torch.cuda.is_available():
+        result.metrics["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def _measures(configured: dict[str, dict[str, Any]] | None, regs: Any) -> dict[str, dict[str, Any]]:
+    if configured is not None:
+        return configured
+    return {m.name: {} for m in regs.measures if getattr(m, "default", False)}
+
+
+def _collect(paths: list[Path]) -> dict[str, bytes]:
+    out = {}
+    for path in paths:
+        if path.is_file() and path.stat().st_size <= MAX_ARTIFACT_BYTES:
+            out[path.name] = path.read_bytes()
+    return out
+
+
+class _PeakMemory:
+    """Samples the process's resident memory every 20 ms while active."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> _PeakMemory:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        self.peak_mb = max(self.peak_mb, self._proc.memory_info().rss / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()

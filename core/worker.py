@@ -1,0 +1,39 @@
+"""The Ray actor that runs trials: it loads the base model once and copies it for each trial."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from paretolab.search import StagePlan
+from paretolab.trial import TrialResult, TrialSettings, run_trial
+
+
+class TrialWorker:
+    """Holds one base subject; ``run`` executes a trial plan on a private copy of it."""
+
+    def __init__(self, model: str, settings: TrialSettings) -> None:
+        from paretolab.models import load_subject
+
+        self.settings = settings
+        self.base = load_subject(model)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def ready(self) -> str:
+        return self.name
+
+    def run(self, plan: list[StagePlan], number: int) -> TrialResult:
+        result = run_trial(self.base, plan, self.settings, number)
+        result.worker = self.name
+        return result
+
+
+def remote_worker_class(cpus: float, gpus: float, memory_gb: float | None) -> Any:
+    """TrialWorker as a Ray actor class with the pipeline's per-trial resources."""
+    import ray
+
+    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0, "max_concurrency": 1}
+    if memory_gb:
+        options["memory"] = int(memory_gb * 2**30)
+    return ray.remote(**options)(TrialWorker)
