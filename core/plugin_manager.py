@@ -30,6 +30,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.measures",
     "paretolab.models",
     "paretolab.plugins.baselines",
+    "paretolab.plugins.incremental_bpe",
 )
 
 
@@ -43,6 +44,9 @@ class Registries:
     models: Registry[Any]
     metrics: Registry[Any]
     plugin_versions: dict[str, str]
+
+
+_DIST_VERSIONS: dict[str, str] = {}  # entry-point plugin name -> "distribution version"
 
 
 def autoload_enabled() -> bool:
@@ -62,6 +66,8 @@ def make_plugin_manager(*, autoload: bool | None = None, extra: tuple[object, ..
             except Exception as exc:
                 raise PluginError(f'Error importing plugin "{ep.name}" ({ep.value}): {type(exc).__name__}: {exc}') from exc
             _register(pm, plugin, ep.name)
+            if ep.dist is not None:
+                _DIST_VERSIONS[ep.name] = f"{ep.dist.name} {ep.dist.version}"
     for obj in extra:
         _register(pm, obj, getattr(obj, "__name__", type(obj).__name__))
     try:
@@ -115,7 +121,7 @@ def build_registries(pm: pluggy.PluginManager) -> Registries:
                     raise
                 raise PluginError(f'Plugin "{owner}" failed in register_{kind}: {type(exc).__name__}: {exc}') from exc
     for name, plugin in pm.list_name_plugin():
-        regs.plugin_versions[name] = _version_of(plugin)
+        regs.plugin_versions[name] = _DIST_VERSIONS.get(name) or _version_of(plugin)
     return regs
 
 

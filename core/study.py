@@ -63,6 +63,7 @@ def run_study(
     log: Any = print,
 ) -> StudyOutcome:
     """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed)."""
+    _ray_auth_env(address)
     import ray
 
     from paretolab.plugin_manager import plugin_manager, registries
@@ -253,6 +254,15 @@ def _count(study: optuna.Study, state: optuna.trial.TrialState) -> int:
     return len(study.get_trials(deepcopy=False, states=(state,)))
 
 
+def _ray_auth_env(address: str | None) -> None:
+    """Present the cluster's token when one is on this machine (Ray reads this before import)."""
+    if not address or "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def _init_ray(address: str | None) -> None:
     import ray
 
@@ -271,8 +281,14 @@ def _init_ray(address: str | None) -> None:
         kwargs["include_dashboard"] = False
     try:
         ray.init(**kwargs)
-    except ConnectionError as exc:
-        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {exc}") from exc
+    except (ConnectionError, RuntimeError) as exc:
+        hint = ""
+        if "token" in str(exc).lower() or "auth" in str(exc.__cause__ or "").lower():
+            hint = (
+                "; the cluster requires its authentication token: set RAY_AUTH_TOKEN, or copy the token "
+                "(`ray get-auth-token` on the head) to ~/.ray/auth_token"
+            )
+        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {_first_line(exc)}{hint}") from exc
 
 
 def _worker_class(spec: StudySpec) -> Any:

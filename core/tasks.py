@@ -59,7 +59,8 @@ class Perplexity(Task):
                 nll_sum += float(loss)
                 count += int((target != -100).sum())
         nll = nll_sum / max(count, 1)
-        return {"ppl": math.exp(nll) if nll < 700 else float("inf"), "nll": nll}
+        ppl = math.exp(nll) if nll < 700 or math.isnan(nll) else float("inf")
+        return {"ppl": ppl, "nll": nll}
 
 
 def _windows(ids: torch.Tensor, opt: PerplexityOptions) -> Any:

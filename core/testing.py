@@ -1,0 +1,120 @@
+"""A contract test suite that every method's tests reuse by overriding one fixture.
+
+Usage in a plugin's tests::
+
+    from paretolab.testing import MethodContract
+
+    class TestMyMethod(MethodContract):
+        @pytest.fixture
+        def method(self):
+            return MyMethod()
+
+The suite runs each check on a tiny random Llama (override ``subject`` for another model, and
+``params`` to pin parameters). It needs pytest, which plugin authors have in their test envs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+
+from paretolab.context import TrialContext
+from paretolab.method import KINDS, Method
+from paretolab.subject import Subject
+
+
+def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
+    """Defaults overlaid with one seeded random draw from the method's search space."""
+    space = method.search_space()
+    params = dict(method.defaults())
+    if space:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        params.update(study.ask(space).params)
+    return params
+
+
+def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the lazy dog. " * 4) -> torch.Tensor:
+    from paretolab.data import encode
+
+    ids = torch.tensor([encode(subject.tokenizer, text)[:64]])
+    with torch.no_grad():
+        return subject.model(input_ids=ids).logits.float()
+
+
+class MethodContract:
+    """Checks every method must pass. Override the ``method`` fixture."""
+
+    @pytest.fixture
+    def method(self) -> Method:
+        raise NotImplementedError("override the `method` fixture with an instance of your Method")
+
+    @pytest.fixture
+    def subject(self) -> Subject:
+        from paretolab.models import TinyLlama
+
+        return TinyLlama(layers=2, hidden=64).load()
+
+    @pytest.fixture
+    def params(self, method: Method) -> dict[str, Any]:
+        return sample_params(method, seed=0)
+
+    @pytest.fixture
+    def ctx(self, tmp_path: Path) -> TrialContext:
+        return TrialContext(seed=0, workdir=tmp_path / "trial", study="contract", task={"name": "perplexity"})
+
+    def test_describes_itself(self, method: Method) -> None:
+        info = method.describe()
+        assert info["name"] and isinstance(info["name"], str)
+        assert info["kind"] in KINDS
+        assert info["cost_is"] in ("real", "simulated")
+        json.dumps(info)  # plain data for the CLI and the dashboard
+
+    def test_search_space_is_valid(self, method: Method) -> None:
+        space = method.search_space()
+        for key, dist in space.items():
+            assert isinstance(dist, optuna.distributions.BaseDistribution), key
+        for key, value in method.defaults().items():
+            if key in space:
+                assert space[key]._contains(space[key].to_internal_repr(value)), f"default {key}={value!r} is outside the search space"
+
+    def test_transform_leaves_a_runnable_model(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        before = logits_of(subject)
+        out = method.transform(subject.copy(), dict(params), ctx)
+        assert isinstance(out, Subject), "transform() must return the Subject"
+        after = logits_of(out)
+        assert after.shape[-1] == before.shape[-1]
+        assert torch.isfinite(after).all(), "the transformed model produces non-finite logits"
+
+    def test_reported_metrics_are_registered_and_finite(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        from paretolab.plugin_manager import registries
+
+        out = method.transform(subject.copy(), dict(params), ctx)
+        metrics = {**method.evaluate(out, ctx), **method.measure(out, ctx)}
+        registered = registries().metrics
+        for name, value in metrics.items():
+            assert name in registered, f"metric {name!r} is not registered (use the register_metrics hook)"
+            assert math.isfinite(float(value)), f"metric {name!r} = {value}"
+
+    def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
+        from paretolab.search import StagePlan
+        from paretolab.trial import TrialSettings, run_trial
+
+        settings = TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, {"size": {}, "params": {}}, seed=0)
+        result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
+        assert not result.failed, result.traceback
+        assert math.isfinite(result.metrics["ppl"]) and result.metrics["size_bytes"] > 0
+
+    def test_same_seed_same_model(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
+        outputs = []
+        for run in range(2):
+            ctx = TrialContext(seed=7, workdir=tmp_path / f"run{run}")
+            torch.manual_seed(7)
+            outputs.append(logits_of(method.transform(subject.copy(), dict(params), ctx)))
+        assert torch.equal(outputs[0], outputs[1]), "the same seed and params must give the same model"

@@ -1,0 +1,689 @@
+/* Fast path of IncrementalBPE: the same algorithm as _reference.py and _pretokenize.py, in C.
+ *
+ * Engine(token_bytes, lengths, rank, left, right, reachable, byte_token, classes)
+ *   .encode_text(str) -> list[int]   pre-tokenize (GPT-2 regex, batch) + incremental BPE
+ *   .encode_word(bytes) -> list[int] BPE of one pre-token
+ *   .eager_word() -> EagerWord       .push(bytes) -> final ids, .finish() -> the rest
+ *
+ * Read _reference.py first: every function here mirrors one there, comments say only what is
+ * C-specific. Tables are plain int32 arrays; the merge map and the automaton's goto function
+ * are open-addressing hash tables keyed by 64-bit integers.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NO_RANK (-1)
+#define INF_RANK INT32_MAX
+#define OTHER 0
+#define LETTER 1
+#define NUMBER 2
+#define SPACE 3
+
+/* ---------- open-addressing map uint64 -> int32 ---------- */
+typedef struct {
+    uint64_t *keys;
+    int32_t *vals;
+    size_t mask;
+} Map;
+
+#define MAP_EMPTY UINT64_MAX
+
+static inline size_t map_hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static int map_init(Map *m, size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    m->keys = PyMem_Malloc(cap * sizeof(uint64_t));
+    m->vals = PyMem_Malloc(cap * sizeof(int32_t));
+    if (!m->keys || !m->vals) return -1;
+    memset(m->keys, 0xff, cap * sizeof(uint64_t));
+    m->mask = cap - 1;
+    return 0;
+}
+
+static void map_free(Map *m) {
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static inline void map_put(Map *m, uint64_t k, int32_t v) {
+    size_t i = map_hash(k) & m->mask;
+    while (m->keys[i] != MAP_EMPTY && m->keys[i] != k) i = (i + 1) & m->mask;
+    m->keys[i] = k;
+    m->vals[i] = v;
+}
+
+static inline int32_t map_get(const Map *m, uint64_t k, int32_t missing) {
+    size_t i = map_hash(k) & m->mask;
+    for (;;) {
+        uint64_t key = m->keys[i];
+        if (key == k) return m->vals[i];
+        if (key == MAP_EMPTY) return missing;
+        i = (i + 1) & m->mask;
+    }
+}
+
+/* ---------- growable int32 buffer ---------- */
+typedef struct {
+    int32_t *data;
+    Py_ssize_t len, cap;
+} IntBuf;
+
+static int buf_reserve(IntBuf *b, Py_ssize_t need) {
+    if (need <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 64;
+    while (cap < need) cap *= 2;
+    int32_t *d = PyMem_Realloc(b->data, cap * sizeof(int32_t));
+    if (!d) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_push(IntBuf *b, int32_t v) {
+    if (b->len == b->cap && buf_reserve(b, b->len + 1) < 0) return -1;
+    b->data[b->len++] = v;
+    return 0;
+}
+
+static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from) {
+    PyObject *list = PyList_New(b->len - from);
+    if (!list) return NULL;
+    for (Py_ssize_t i = from; i < b->len; i++) {
+        PyObject *v = PyLong_FromLong(b->data[i]);
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i - from, v);
+    }
+    return list;
+}
+
+/* ---------- the engine ---------- */
+typedef struct {
+    PyObject_HEAD
+    int32_t n_tokens;
+    int32_t *length, *rank, *left, *right;
+    int32_t byte_token[256];
+    Map merges;     /* (a << 32 | b) -> rank */
+    Map gotos;      /* (state << 8 | byte) -> child state */
+    int32_t n_states;
+    int32_t *fail, *token_at, *dict_link, *depth;
+    int32_t root_goto[256]; /* dense transitions out of the root, the hottest state */
+    uint8_t *classes;       /* 0x110000 entries */
+    IntBuf last;            /* scratch for encode_word */
+    struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
+} Engine;
+
+#define CACHE_SLOTS (1 << 16)
+#define CACHE_WORD 30
+#define CACHE_IDS 15
+typedef struct CacheEntry {
+    uint8_t len, n_ids; /* len == 0: empty slot */
+    uint8_t bytes[CACHE_WORD];
+    int32_t ids[CACHE_IDS];
+} CacheEntry;
+
+static inline uint32_t word_hash(const uint8_t *w, Py_ssize_t n) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ w[i]) * 16777619u;
+    return h;
+}
+
+static inline int compatible(const Engine *e, int32_t x, int32_t y) {
+    int32_t px = INF_RANK, py = INF_RANK;
+    for (;;) {
+        int32_t r = map_get(&e->merges, ((uint64_t)(uint32_t)x << 32) | (uint32_t)y, -1);
+        if (r >= 0 && r < px && r <= py) return 0;
+        int32_t rx = e->rank[x], ry = e->rank[y];
+        if (rx == NO_RANK && ry == NO_RANK) return 1;
+        if (rx > ry) {
+            px = rx;
+            x = e->right[x];
+        } else {
+            py = ry;
+            y = e->left[y];
+        }
+    }
+}
+
+static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
+    while (s) {
+        int32_t t = map_get(&e->gotos, ((uint64_t)s << 8) | b, -1);
+        if (t >= 0) return t;
+        s = e->fail[s];
+    }
+    return e->root_goto[b];
+}
+
+/* last token of BPE(word[:end]); last[] is indexed by absolute position minus base */
+static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state) {
+    int32_t node = e->token_at[state] >= 0 ? state : e->dict_link[state];
+    while (node > 0) {
+        int32_t u = e->token_at[node];
+        Py_ssize_t start = end - e->length[u];
+        if (start == 0 || compatible(e, last[start - base], u)) return u;
+        node = e->dict_link[node];
+    }
+    return -1; /* unreachable for a consistent vocabulary */
+}
+
+/* BPE of one pre-token, appended to out */
+static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (buf_reserve(&e->last, n + 1) < 0) return -1;
+    int32_t *last = e->last.data;
+    Py_ssize_t end = 0;
+    int32_t state = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (e->byte_token[w[i]] < 0) continue;
+        state = ac_step(e, state, w[i]);
+        end++;
+        int32_t u = last_token(e, last, 0, end, state);
+        if (u < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no compatible candidate (inconsistent vocabulary)");
+            return -1;
+        }
+        last[end] = u;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t p = end; p > 0; p -= e->length[last[p]]) count++;
+    if (buf_reserve(out, out->len + count) < 0) return -1;
+    Py_ssize_t k = out->len + count;
+    for (Py_ssize_t p = end; p > 0; p -= e->length[last[p]]) out->data[--k] = last[p];
+    out->len += count;
+    return 0;
+}
+
+static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (n == 0 || n > CACHE_WORD || !e->cache) return bpe_word_uncached(e, w, n, out);
+    CacheEntry *c = &e->cache[word_hash(w, n) & (CACHE_SLOTS - 1)];
+    if (c->len == n && memcmp(c->bytes, w, n) == 0) {
+        if (buf_reserve(out, out->len + c->n_ids) < 0) return -1;
+        memcpy(out->data + out->len, c->ids, c->n_ids * sizeof(int32_t));
+        out->len += c->n_ids;
+        return 0;
+    }
+    Py_ssize_t before = out->len;
+    if (bpe_word_uncached(e, w, n, out) < 0) return -1;
+    Py_ssize_t made = out->len - before;
+    if (made <= CACHE_IDS) {
+        c->len = (uint8_t)n;
+        c->n_ids = (uint8_t)made;
+        memcpy(c->bytes, w, n);
+        memcpy(c->ids, out->data + before, made * sizeof(int32_t));
+    }
+    return 0;
+}
+
+/* UTF-8 decode of a valid sequence (Python produced it) */
+static inline uint32_t utf8_at(const uint8_t *s, Py_ssize_t i, int *len) {
+    uint8_t c = s[i];
+    if (c < 0x80) { *len = 1; return c; }
+    if (c < 0xE0) { *len = 2; return ((uint32_t)(c & 0x1F) << 6) | (s[i + 1] & 0x3F); }
+    if (c < 0xF0) { *len = 3; return ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F); }
+    *len = 4;
+    return ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) | ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+}
+
+static inline Py_ssize_t run_end(const Engine *e, const uint8_t *s, Py_ssize_t i, Py_ssize_t n, int cls) {
+    while (i < n) {
+        int len;
+        uint32_t cp = utf8_at(s, i, &len);
+        if (e->classes[cp] != cls) break;
+        i += len;
+    }
+    return i;
+}
+
+/* the end (byte index) of the pre-token starting at i; the whole text is known (batch) */
+static Py_ssize_t pretoken_end(const Engine *e, const uint8_t *s, Py_ssize_t i, Py_ssize_t n) {
+    int len;
+    uint32_t cp = utf8_at(s, i, &len);
+    if (cp == '\'' && i + 1 < n) {
+        uint8_t a = s[i + 1];
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if (i + 2 < n) {
+            uint8_t b = s[i + 2];
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+        }
+    }
+    if (cp == ' ' && i + 1 < n) {
+        int len2;
+        uint32_t cp2 = utf8_at(s, i + 1, &len2);
+        int k2 = e->classes[cp2];
+        if (k2 != SPACE) return run_end(e, s, i + 1 + len2, n, k2);
+    }
+    int k = e->classes[cp];
+    if (k != SPACE) return run_end(e, s, i + len, n, k);
+    Py_ssize_t j = i, last_start = i, count = 0;
+    while (j < n) {
+        int l2;
+        uint32_t c2 = utf8_at(s, j, &l2);
+        if (e->classes[c2] != SPACE) break;
+        last_start = j;
+        j += l2;
+        count++;
+    }
+    if (j == n) return n;
+    return count >= 2 ? last_start : j;
+}
+
+static PyObject *Engine_encode_text(Engine *e, PyObject *arg) {
+    Py_ssize_t n;
+    const char *text = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!text) return NULL;
+    const uint8_t *s = (const uint8_t *)text;
+    IntBuf out = {0};
+    if (buf_reserve(&out, n / 3 + 16) < 0) return NULL;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t end = pretoken_end(e, s, i, n);
+        if (bpe_word(e, s + i, end - i, &out) < 0) {
+            PyMem_Free(out.data);
+            return NULL;
+        }
+        i = end;
+    }
+    PyObject *list = buf_to_list(&out, 0);
+    PyMem_Free(out.data);
+    return list;
+}
+
+static PyObject *Engine_encode_word(Engine *e, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    IntBuf out = {0};
+    int rc = bpe_word(e, view.buf, view.len, &out);
+    PyBuffer_Release(&view);
+    PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0);
+    PyMem_Free(out.data);
+    return list;
+}
+
+/* ---------- construction ---------- */
+static int32_t *int_array(PyObject *seq, Py_ssize_t n, const char *name) {
+    PyObject *fast = PySequence_Fast(seq, name);
+    if (!fast) return NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "Engine: %s has %zd entries, expected %zd", name, PySequence_Fast_GET_SIZE(fast), n);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    int32_t *out = PyMem_Malloc((n ? n : 1) * sizeof(int32_t));
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            PyMem_Free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        out[i] = (int32_t)v;
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *reachable) {
+    Py_ssize_t total = 1;
+    for (int32_t t = 0; t < e->n_tokens; t++)
+        if (reachable[t]) total += e->length[t];
+    /* trie, with children kept as linked lists for the breadth-first pass */
+    int32_t *first_child = PyMem_Malloc(total * sizeof(int32_t));
+    int32_t *next_sibling = PyMem_Malloc(total * sizeof(int32_t));
+    uint8_t *edge = PyMem_Malloc(total);
+    e->token_at = PyMem_Malloc(total * sizeof(int32_t));
+    e->depth = PyMem_Malloc(total * sizeof(int32_t));
+    e->fail = PyMem_Malloc(total * sizeof(int32_t));
+    e->dict_link = PyMem_Malloc(total * sizeof(int32_t));
+    int32_t *queue = PyMem_Malloc(total * sizeof(int32_t));
+    if (!first_child || !next_sibling || !edge || !e->token_at || !e->depth || !e->fail || !e->dict_link || !queue ||
+        map_init(&e->gotos, total) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int32_t n_states = 1;
+    first_child[0] = -1;
+    e->token_at[0] = -1;
+    e->depth[0] = 0;
+    for (int32_t t = 0; t < e->n_tokens; t++) {
+        if (!reachable[t] || e->length[t] == 0) continue;
+        int32_t node = 0;
+        for (int32_t k = 0; k < e->length[t]; k++) {
+            uint8_t b = bytes[offset[t] + k];
+            uint64_t key = ((uint64_t)node << 8) | b;
+            int32_t child = map_get(&e->gotos, key, -1);
+            if (child < 0) {
+                child = n_states++;
+                map_put(&e->gotos, key, child);
+                first_child[child] = -1;
+                next_sibling[child] = first_child[node];
+                first_child[node] = child;
+                edge[child] = b;
+                e->token_at[child] = -1;
+                e->depth[child] = e->depth[node] + 1;
+            }
+            node = child;
+        }
+        e->token_at[node] = t;
+    }
+    e->n_states = n_states;
+    for (int b = 0; b < 256; b++) {
+        int32_t c = map_get(&e->gotos, (uint64_t)b, -1);
+        e->root_goto[b] = c < 0 ? 0 : c;
+    }
+    Py_ssize_t head = 0, tail = 0;
+    e->fail[0] = 0;
+    e->dict_link[0] = -1;
+    for (int32_t c = first_child[0]; c >= 0; c = next_sibling[c]) {
+        e->fail[c] = 0;
+        e->dict_link[c] = -1;
+        queue[tail++] = c;
+    }
+    while (head < tail) {
+        int32_t node = queue[head++];
+        for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
+            int32_t f = e->fail[node];
+            int32_t target;
+            for (;;) {
+                target = f ? map_get(&e->gotos, ((uint64_t)f << 8) | edge[c], -1) : e->root_goto[edge[c]];
+                if (target >= 0 || f == 0) break;
+                f = e->fail[f];
+            }
+            if (target < 0 || target == c) target = 0;
+            e->fail[c] = target;
+            e->dict_link[c] = e->token_at[target] >= 0 ? target : e->dict_link[target];
+            queue[tail++] = c;
+        }
+    }
+    PyMem_Free(first_child);
+    PyMem_Free(next_sibling);
+    PyMem_Free(edge);
+    PyMem_Free(queue);
+    return 0;
+}
+
+static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
+    PyObject *bytes_obj, *lengths, *ranks, *lefts, *rights, *reach, *byte_tok;
+    Py_buffer classes;
+    if (!PyArg_ParseTuple(args, "SOOOOOOy*", &bytes_obj, &lengths, &ranks, &lefts, &rights, &reach, &byte_tok, &classes))
+        return -1;
+    if (classes.len != 0x110000) {
+        PyBuffer_Release(&classes);
+        PyErr_SetString(PyExc_ValueError, "Engine: classes must have 0x110000 entries");
+        return -1;
+    }
+    e->classes = PyMem_Malloc(0x110000);
+    if (!e->classes) {
+        PyBuffer_Release(&classes);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(e->classes, classes.buf, 0x110000);
+    PyBuffer_Release(&classes);
+    Py_ssize_t n = PySequence_Size(lengths);
+    if (n < 0) return -1;
+    e->n_tokens = (int32_t)n;
+    int32_t *reachable = NULL, *offset = NULL, *bt = NULL;
+    int rc = -1;
+    if (!(e->length = int_array(lengths, n, "lengths")) || !(e->rank = int_array(ranks, n, "rank")) ||
+        !(e->left = int_array(lefts, n, "left")) || !(e->right = int_array(rights, n, "right")) ||
+        !(reachable = int_array(reach, n, "reachable")) || !(bt = int_array(byte_tok, 256, "byte_token")))
+        goto done;
+    memcpy(e->byte_token, bt, sizeof(e->byte_token));
+    offset = PyMem_Malloc((n ? n : 1) * sizeof(int32_t));
+    if (!offset) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        offset[t] = (int32_t)total;
+        total += e->length[t];
+    }
+    if (total != PyBytes_GET_SIZE(bytes_obj)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: token bytes do not match the lengths");
+        goto done;
+    }
+    Py_ssize_t n_merges = 0;
+    for (Py_ssize_t t = 0; t < n; t++) n_merges += e->rank[t] != NO_RANK;
+    if (map_init(&e->merges, n_merges) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < n; t++)
+        if (e->rank[t] != NO_RANK)
+            map_put(&e->merges, ((uint64_t)(uint32_t)e->left[t] << 32) | (uint32_t)e->right[t], e->rank[t]);
+    if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, reachable) < 0) goto done;
+    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
+    if (!e->cache) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    rc = 0;
+done:
+    PyMem_Free(reachable);
+    PyMem_Free(offset);
+    PyMem_Free(bt);
+    return rc;
+}
+
+static void Engine_dealloc(Engine *e) {
+    PyMem_Free(e->length);
+    PyMem_Free(e->rank);
+    PyMem_Free(e->left);
+    PyMem_Free(e->right);
+    map_free(&e->merges);
+    map_free(&e->gotos);
+    PyMem_Free(e->fail);
+    PyMem_Free(e->token_at);
+    PyMem_Free(e->dict_link);
+    PyMem_Free(e->depth);
+    PyMem_Free(e->classes);
+    PyMem_Free(e->last.data);
+    PyMem_Free(e->cache);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+/* ---------- EagerWord: mirrors _reference.EagerWord ---------- */
+typedef struct {
+    PyObject_HEAD
+    Engine *engine;
+    int32_t state;
+    Py_ssize_t end, base, root, window, scan;
+    IntBuf last, refs; /* indexed by position - base */
+} EagerWord;
+
+static PyTypeObject EagerWordType;
+
+static int eager_reset(EagerWord *w) {
+    w->state = 0;
+    w->end = w->base = w->root = w->window = 0;
+    w->scan = 1;
+    w->last.len = w->refs.len = 0;
+    if (buf_push(&w->last, -1) < 0 || buf_push(&w->refs, 1) < 0) return -1;
+    return 0;
+}
+
+static void eager_release(EagerWord *w, Py_ssize_t pos) {
+    const int32_t *length = w->engine->length;
+    for (;;) {
+        int32_t *r = &w->refs.data[pos - w->base];
+        if (--*r || pos <= w->root) return;
+        pos -= length[w->last.data[pos - w->base]];
+    }
+}
+
+static int eager_emit(EagerWord *w, IntBuf *out) {
+    while (w->root < w->window && w->refs.data[w->root - w->base] == 1) {
+        Py_ssize_t pos = w->scan > w->root + 1 ? w->scan : w->root + 1;
+        while (w->refs.data[pos - w->base] == 0) pos++;
+        if (buf_push(out, w->last.data[pos - w->base]) < 0) return -1;
+        w->root = pos;
+        w->scan = pos + 1;
+    }
+    Py_ssize_t cut = w->root - w->base;
+    if (cut > 4096 && cut > w->last.len / 2) { /* forget emitted positions */
+        memmove(w->last.data, w->last.data + cut, (w->last.len - cut) * sizeof(int32_t));
+        memmove(w->refs.data, w->refs.data + cut, (w->refs.len - cut) * sizeof(int32_t));
+        w->last.len -= cut;
+        w->refs.len -= cut;
+        w->base = w->root;
+    }
+    return 0;
+}
+
+static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const Engine *e = w->engine;
+    const uint8_t *s = view.buf;
+    IntBuf out = {0};
+    for (Py_ssize_t i = 0; i < view.len; i++) {
+        if (e->byte_token[s[i]] < 0) continue;
+        w->state = ac_step(e, w->state, s[i]);
+        w->end++;
+        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state);
+        if (u < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no compatible candidate (inconsistent vocabulary)");
+            goto fail;
+        }
+        if (buf_push(&w->last, u) < 0 || buf_push(&w->refs, 1) < 0) goto fail;
+        w->refs.data[w->end - e->length[u] - w->base] += 1;
+        Py_ssize_t window = w->end - e->depth[w->state];
+        for (Py_ssize_t pos = w->window; pos < window; pos++) eager_release(w, pos);
+        w->window = window;
+        if (eager_emit(w, &out) < 0) goto fail;
+    }
+    PyBuffer_Release(&view);
+    PyObject *list = buf_to_list(&out, 0);
+    PyMem_Free(out.data);
+    return list;
+fail:
+    PyBuffer_Release(&view);
+    PyMem_Free(out.data);
+    return NULL;
+}
+
+static PyObject *EagerWord_finish(EagerWord *w, PyObject *Py_UNUSED(ignored)) {
+    const int32_t *length = w->engine->length;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t p = w->end; p > w->root; p -= length[w->last.data[p - w->base]]) count++;
+    PyObject *list = PyList_New(count);
+    if (!list) return NULL;
+    Py_ssize_t k = count;
+    for (Py_ssize_t p = w->end; p > w->root; p -= length[w->last.data[p - w->base]]) {
+        PyObject *v = PyLong_FromLong(w->last.data[p - w->base]);
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, --k, v);
+    }
+    if (eager_reset(w) < 0) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
+}
+
+static void EagerWord_dealloc(EagerWord *w) {
+    Py_XDECREF(w->engine);
+    PyMem_Free(w->last.data);
+    PyMem_Free(w->refs.data);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyMethodDef EagerWord_methods[] = {
+    {"push", (PyCFunction)EagerWord_push, METH_O, "Append bytes; return the tokens that became final."},
+    {"finish", (PyCFunction)EagerWord_finish, METH_NOARGS, "End the word: return the remaining tokens and reset."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EagerWordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "paretolab.plugins.incremental_bpe._fast.EagerWord",
+    .tp_basicsize = sizeof(EagerWord),
+    .tp_dealloc = (destructor)EagerWord_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BPE of one pre-token fed in pieces (see _reference.EagerWord).",
+    .tp_methods = EagerWord_methods,
+};
+
+static PyObject *Engine_eager_word(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    EagerWord *w = PyObject_New(EagerWord, &EagerWordType);
+    if (!w) return NULL;
+    Py_INCREF(e);
+    w->engine = e;
+    w->last = (IntBuf){0};
+    w->refs = (IntBuf){0};
+    if (eager_reset(w) < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return (PyObject *)w;
+}
+
+static PyObject *Engine_compatible(Engine *e, PyObject *args) {
+    int a, b;
+    if (!PyArg_ParseTuple(args, "ii", &a, &b)) return NULL;
+    if (a < 0 || b < 0 || a >= e->n_tokens || b >= e->n_tokens) {
+        PyErr_SetString(PyExc_IndexError, "Engine.compatible: token id out of range");
+        return NULL;
+    }
+    return PyBool_FromLong(compatible(e, a, b));
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text with no added tokens."},
+    {"encode_word", (PyCFunction)Engine_encode_word, METH_O, "BPE of one pre-token's bytes."},
+    {"eager_word", (PyCFunction)Engine_eager_word, METH_NOARGS, "A new EagerWord."},
+    {"compatible", (PyCFunction)Engine_compatible, METH_VARARGS, "BPE(bytes(a) + bytes(b)) == [a, b]."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "paretolab.plugins.incremental_bpe._fast.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Incremental BPE tables and automaton (see _reference.py).",
+    .tp_methods = Engine_methods,
+    .tp_init = (initproc)Engine_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef fast_module = {
+    PyModuleDef_HEAD_INIT, "_fast", "C fast path of paretolab.plugins.incremental_bpe.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&EagerWordType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&fast_module);
+    if (!m) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

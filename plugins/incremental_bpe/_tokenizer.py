@@ -1,0 +1,156 @@
+"""IncrementalBPE: the public tokenizer and its stream, over a C or a pure-Python engine."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from paretolab.errors import ConfigError
+from paretolab.plugins.incremental_bpe._pretokenize import END, Scanner, SpecialSplitter, char_classes, pretokenize
+from paretolab.plugins.incremental_bpe._reference import ReferenceBPE
+from paretolab.plugins.incremental_bpe._vocab import BPETables, tables_from_hf
+
+BACKENDS = ("auto", "c", "python")
+
+
+class _Word(Protocol):
+    def push(self, data: bytes) -> list[int]: ...
+    def finish(self) -> list[int]: ...
+
+
+class _PythonEngine:
+    """The reference path: pure-Python pre-tokenizer and incremental BPE."""
+
+    name = "python"
+
+    def __init__(self, tables: BPETables) -> None:
+        self.bpe = ReferenceBPE(tables)
+
+    def encode_text(self, text: str) -> list[int]:
+        out: list[int] = []
+        for word in pretokenize(text):
+            out += self.bpe.encode_word(word.encode("utf-8"))
+        return out
+
+    def encode_word(self, word: bytes) -> list[int]:
+        return self.bpe.encode_word(word)
+
+    def eager_word(self) -> _Word:
+        return self.bpe.eager_word()
+
+
+def _c_engine(tables: BPETables) -> Any:
+    from paretolab.plugins.incremental_bpe import _fast  # type: ignore[attr-defined]
+
+    return _fast.Engine(
+        b"".join(tables.token_bytes),
+        [len(b) for b in tables.token_bytes],
+        tables.rank,
+        tables.left,
+        tables.right,
+        [int(r) for r in tables.reachable],
+        tables.byte_token,
+        bytes(char_classes()),
+    )
+
+
+def c_extension_available() -> bool:
+    """Whether the compiled fast path (``_fast``) was built by ``pip install -e .``."""
+    try:
+        from paretolab.plugins.incremental_bpe import _fast  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class IncrementalBPE:
+    """Byte-level BPE with identical output to the Hugging Face tokenizer it was built from.
+
+    ``encode(text)`` equals ``hf.encode(text, add_special_tokens=False)``; ``stream()`` takes
+    text in arbitrary pieces and returns each token as soon as it is final.
+    """
+
+    def __init__(self, tables: BPETables, *, backend: str = "auto") -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"IncrementalBPE: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if backend == "auto":
+            backend = "c" if c_extension_available() else "python"
+        self.tables = tables
+        self.backend = backend
+        self._engine = _c_engine(tables) if backend == "c" else _PythonEngine(tables)
+        self._specials = SpecialSplitter(tables.specials)
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer: Any, *, backend: str = "auto") -> IncrementalBPE:
+        """Build from a `transformers` tokenizer (or a `tokenizers.Tokenizer`)."""
+        return cls(tables_from_hf(hf_tokenizer), backend=backend)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; added tokens written in the text are recognised, as in HF."""
+        if not self._specials.active:
+            return self._engine.encode_text(text)
+        out: list[int] = []
+        for part in self._specials.split(text):
+            if isinstance(part, int):
+                out.append(part)
+            else:
+                out += self._engine.encode_text(part)
+        return out
+
+    def stream(self) -> BPEStream:
+        """A new incremental encoder: ``feed(chunk)`` returns final tokens, ``finish()`` the rest."""
+        return BPEStream(self)
+
+
+class BPEStream:
+    """Encodes text that arrives in pieces; a piece boundary may fall anywhere, even inside a char run."""
+
+    def __init__(self, tokenizer: IncrementalBPE) -> None:
+        self._specials = tokenizer._specials
+        self._scanner = Scanner()
+        self._engine = tokenizer._engine
+        self._word = self._engine.eager_word()
+        self._word_empty = True  # nothing pushed into _word since its last finish()
+        self._pending = ""  # text that may still turn out to be an added token
+
+    def feed(self, chunk: str) -> list[int]:
+        """Append ``chunk``; return the tokens that no later text can change."""
+        text = self._pending + chunk
+        out: list[int] = []
+        while True:
+            start, end, special = self._specials.first(text)
+            self._scan(text[:start], special is not None, out)
+            if special is None:
+                self._pending = text[start:]
+                return out
+            out.append(special)
+            text = text[end:]
+
+    def finish(self) -> list[int]:
+        """The text ended: return the remaining tokens; the stream is then ready for a new text."""
+        out: list[int] = []
+        for part in self._specials.split(self._pending):
+            if isinstance(part, int):
+                self._scan("", True, out)
+                out.append(part)
+            else:
+                self._scan(part, True, out)
+        self._scan("", True, out)
+        self._pending = ""
+        return out
+
+    def _scan(self, text: str, at_end: bool, out: list[int]) -> None:
+        pieces = self._scanner.feed(text, at_end)
+        word = self._word
+        i = 0
+        while i < len(pieces):
+            piece = pieces[i]
+            if piece is END:
+                out += word.finish()
+                self._word_empty = True
+            elif self._word_empty and i + 1 < len(pieces) and pieces[i + 1] is END:
+                out += self._engine.encode_word(piece.encode("utf-8"))  # a whole pre-token at once
+                i += 1
+            else:
+                out += word.push(piece.encode("utf-8"))
+                self._word_empty = False
+            i += 1

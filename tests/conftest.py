@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny model, an installed third-party plugin, a local Ray head on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def tiny():
+    from paretolab.models import TinyLlama
+
+    return TinyLlama().load()
+
+
+@pytest.fixture(scope="session")
+def testplugin_path(tmp_path_factory) -> Path:
+    """The fixture package really installed (pip --target), as a third party would ship it."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
+         str(ROOT / "tests" / "fixtures" / "testplugin")],
+        check=True,
+        capture_output=True,
+    )
+    shutil.rmtree(ROOT / "tests" / "fixtures" / "testplugin" / "build", ignore_errors=True)
+    return target
+
+
+@pytest.fixture
+def with_testplugin(testplugin_path, monkeypatch):
+    """The test plugin importable in this process (registries rebuilt) and in subprocesses."""
+    from paretolab import plugin_manager
+
+    monkeypatch.syspath_prepend(str(testplugin_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(testplugin_path), os.environ.get("PYTHONPATH")])))
+    import importlib
+
+    importlib.invalidate_caches()
+    plugin_manager.reset()
+    yield testplugin_path
+    plugin_manager.reset()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """A real Ray head on 127.0.0.1 with 2 CPUs, shared by the study tests; stopped at the end."""
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+           "--include-dashboard=false", "--disable-usage-stats"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ray start failed:\n{proc.stdout}\n{proc.stderr}")
+    yield f"127.0.0.1:{port}"
+    subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real `paretolab` command."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([str(BIN / "paretolab"), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"paretolab {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("condition not met in time")

@@ -1,0 +1,96 @@
+"""Quality tasks on the tiny model: perplexity arithmetic and multiple-choice scoring."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from paretolab.context import TrialContext
+from paretolab.data import encode, load_corpus, PYDOC_SHA256
+from paretolab.errors import ConfigError
+from paretolab.tasks import MultipleChoice, MultipleChoiceOptions, Perplexity, PerplexityOptions, corpus_ids
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    return TrialContext(seed=0, workdir=tmp_path)
+
+
+def direct_nll(model, ids):
+    with torch.no_grad():
+        logits = model(input_ids=ids.unsqueeze(0)).logits[0, :-1]
+    return torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item(), ids.numel() - 1
+
+
+def test_builtin_corpus_is_pinned():
+    text, digest = load_corpus("pydoc")
+    assert len(text) > 100_000
+    import sys
+
+    pinned = PYDOC_SHA256.get(f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert pinned is None or pinned == digest
+
+
+def test_perplexity_equals_the_direct_computation(tiny, ctx):
+    # one window covering the budget: the task must equal exp(sum NLL / count) computed by hand
+    result = Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=200, context=200, stride=200), ctx)
+    nll, n = direct_nll(tiny.model, corpus_ids(tiny.tokenizer, "pydoc", 200))
+    assert result["nll"] == pytest.approx(nll / n, rel=1e-5)
+    assert result["ppl"] == pytest.approx(math.exp(nll / n), rel=1e-5)
+
+
+def test_sliding_windows_score_each_token_once(tiny, ctx):
+    ids = corpus_ids(tiny.tokenizer, "pydoc", 300)
+    full = Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=300, context=300, stride=300), ctx)
+    sliding = Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=300, context=128, stride=64), ctx)
+    batched = Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=300, context=100, stride=100, batch_size=2), ctx)
+    assert ids.numel() == 300
+    for r in (sliding, batched):
+        assert math.isfinite(r["ppl"]) and abs(math.log(r["ppl"]) - math.log(full["ppl"])) < 0.2
+
+
+def test_text_file_corpus_and_bad_stride(tiny, ctx, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("hello world, " * 200, encoding="utf-8")
+    r = Perplexity().evaluate(tiny, PerplexityOptions(corpus=str(path), max_tokens=256, context=64, stride=64), ctx)
+    assert r["ppl"] > 1
+    with pytest.raises(ConfigError, match="task.stride"):
+        Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=256, context=64, stride=65), ctx)
+    with pytest.raises(ConfigError, match="neither a built-in corpus"):
+        load_corpus(str(tmp_path / "missing.txt"))
+
+
+def test_multiple_choice_picks_the_most_likely_choice(tiny, ctx, tmp_path):
+    rows = [{"query": "Q: say a", "choices": ["a", "bbbbbbbbbbbbbbbbbbbb", "c"], "gold": i % 3} for i in range(6)]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    result = MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path), limit=0), ctx)
+    # all rows are the same question, so the model picks the same choice each time: exactly 1/3 right
+    assert result["acc"] == pytest.approx(1 / 3) and result["acc_norm"] == pytest.approx(1 / 3)
+
+
+def test_multiple_choice_formats_and_errors(tiny, ctx, tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"context_options": ["A went", "B went"], "continuation": "home.", "gold": 0}) + "\n"
+                    + json.dumps({"context": "one two", "continuation": "three"}) + "\n")
+    result = MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
+    assert 0.0 <= result["acc"] <= 1.0
+    path.write_text(json.dumps({"question": "x"}))
+    with pytest.raises(ConfigError, match="expected query/choices/gold"):
+        MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
+
+
+@pytest.mark.slow
+def test_smollm2_quality_on_real_data(ctx):
+    """The real model is sane: low perplexity on WikiText-2 prose and above-chance ARC-Easy."""
+    from paretolab.models import SmolLM2
+
+    subject = SmolLM2().load()
+    ppl = Perplexity().evaluate(subject, PerplexityOptions(corpus="wikitext2", max_tokens=2048), ctx)["ppl"]
+    assert 10 < ppl < 40
+    acc = MultipleChoice().evaluate(subject, MultipleChoiceOptions(dataset="arc_easy", limit=60), ctx)["acc"]
+    assert acc > 0.35  # 4 choices: chance is 0.25
+    assert encode(subject.tokenizer, "Hello world") == [19556, 905]

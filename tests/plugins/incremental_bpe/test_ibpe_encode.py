@@ -1,0 +1,118 @@
+"""encode() gives exactly the Hugging Face ids on real corpora, code, and adversarial text."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paretolab.plugins.incremental_bpe import IncrementalBPE
+from paretolab.plugins.incremental_bpe._unicode_classes import class_table, derive_classes
+
+def _data(relative: str) -> Path:
+    """A shared evaluation file, found the way paretolab finds data ($PARETOLAB_DATA_DIR, shared/data)."""
+    from paretolab.data import data_dirs
+
+    for folder in data_dirs():
+        if (folder / relative).is_file():
+            return folder / relative
+    return Path("/nonexistent") / relative
+
+
+WIKITEXT = _data("wikitext2/wiki.test.raw")
+GSM8K = _data("gsm8k/test.jsonl")
+
+
+def _chunks(text: str, lines_per_chunk: int) -> list[str]:
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i : i + lines_per_chunk]) for i in range(0, len(lines), lines_per_chunk)]
+
+
+def _assert_same(tok: IncrementalBPE, hf: Any, texts: list[str]) -> None:
+    expected = [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    for text, ids in zip(texts, expected):
+        assert tok.encode(text) == ids, repr(text[:200])
+
+
+@pytest.mark.skipif(not WIKITEXT.exists(), reason="WikiText-2 not found: set PARETOLAB_DATA_DIR")
+def test_wikitext2_test_split_is_identical(tok_c: IncrementalBPE, hf: Any) -> None:
+    _assert_same(tok_c, hf, _chunks(WIKITEXT.read_text(encoding="utf-8"), 50))
+
+
+@pytest.mark.skipif(not WIKITEXT.exists(), reason="WikiText-2 not found: set PARETOLAB_DATA_DIR")
+def test_python_reference_is_identical_on_a_wikitext_slice(tok_py: IncrementalBPE, hf: Any) -> None:
+    _assert_same(tok_py, hf, _chunks(WIKITEXT.read_text(encoding="utf-8")[:60_000], 50))
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="GSM8K not found: set PARETOLAB_DATA_DIR")
+def test_gsm8k_is_identical(tok_c: IncrementalBPE, hf: Any) -> None:
+    rows = [json.loads(line) for line in GSM8K.read_text(encoding="utf-8").splitlines() if line.strip()]
+    _assert_same(tok_c, hf, [r["question"] + "\n" + r["answer"] for r in rows])
+
+
+def test_python_stdlib_sources_are_identical(tok_c: IncrementalBPE, hf: Any) -> None:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(stdlib.glob("*.py"))[:60] + sorted((stdlib / "json").glob("*.py"))
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    assert sum(map(len, texts)) > 500_000
+    _assert_same(tok_c, hf, texts)
+
+
+PATHOLOGICAL = {
+    "one letter": "a" * 30_000,
+    "one digit": "7" * 30_000,
+    "spaces": " " * 30_000,
+    "spaces then word": " " * 20_000 + "word",
+    "newlines": "\n" * 20_000,
+    "mixed whitespace": " \t\n\r\u3000\xa0\u2028" * 3_000 + "x",
+    "unspaced letters": "".join("qwertyuiopasdfghjklzxcvbnm"[i * 7 % 26] for i in range(30_000)),
+    "unspaced alnum": "ab1cd2" * 5_000,
+    "punctuation": "!?.,;:-_=+*&^%$#@" * 2_000,
+    "emoji": "😀👍🏽👨‍👩‍👧‍👦🇫🇷🏳️‍🌈" * 1_000,
+    "combining marks": "e\u0301a\u0308\u0323o\u0302" * 3_000,
+    "cjk": "漢字仮名交じり文ひらがなカタカナ" * 2_000,
+    "apostrophes": "it's we'll they're I've 'S 's''' '''ll x'l 'l 'r 're've" * 500,
+    "added tokens": "a<|endoftext|>b  <|im_start|>user\n hi<|im_end|>\n<|endo <|im_start <|im_end|",
+    "bytes missing from the vocabulary": "\x04\x06!\x13\x14!\x16\x1d a\x04b" + chr(0x50000) + chr(0x90000) + "xx",
+    "long repeated word": "hello" * 10_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_pathological_strings_are_identical(name: str, tok: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    text = PATHOLOGICAL[name] if tok.backend == "c" else PATHOLOGICAL[name][:3000]
+    assert tok.encode(text) == hf_ids(text)
+
+
+_ALPHABET = st.sampled_from(
+    list(" \t\n\r'sSlrevtmd1٣aé\u0301\u3000\xa0!?<|>_😀\U0001f3fd\u200d漢Ωx")
+    + ["<|endoftext|>", "<|im_start|>", "'ll", "'re", "  ", "\n\n"]
+)
+TRICKY_TEXT = st.lists(_ALPHABET, max_size=60).map("".join)
+ANY_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(TRICKY_TEXT, ANY_TEXT))
+def test_encode_equals_hf_on_random_text(text: str, tok_c: IncrementalBPE, tok_py: IncrementalBPE, hf_ids: Any) -> None:
+    expected = hf_ids(text)
+    assert tok_c.encode(text) == expected
+    assert tok_py.encode(text) == expected
+
+
+def test_unicode_classes_match_tokenizers_on_a_sample(hf: Any) -> None:
+    shipped = class_table()
+    sample = list(range(0, 0x3000)) + list(range(0x3000, 0x110000, 37)) + [0x1C89, 0x1C8A, 0xA7CB, 0x105C0, 0x1E5D0]
+    measured = derive_classes(hf.backend_tokenizer.pre_tokenizer, sample)
+    assert [c for c in sample if measured[c] != shipped[c]] == []
+
+
+@pytest.mark.slow
+def test_unicode_classes_match_tokenizers_on_every_code_point(hf: Any) -> None:
+    assert derive_classes(hf.backend_tokenizer.pre_tokenizer) == class_table()
