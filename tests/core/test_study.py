@@ -77,8 +77,13 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
         stages=[{"choice": [{"method": "none"}, {"method": "explode"}, {"method": "nan_weights"}, {"method": "hang"}, {"method": "noise", "params": {"std": 0.01}}]}],
         search={"sampler": "grid", "trials": 5, "seed": 0, "trial_timeout_s": 20},
     )
-    out = run_cli("run", str(pipeline), "--address", ray_head, "--no-progress", cwd=tmp_path)
+    hook_log = tmp_path / "hooks.jsonl"
+    out = run_cli("run", str(pipeline), "--address", ray_head, "--no-progress", cwd=tmp_path, env={"PARETOLAB_TEST_HOOK_LOG": str(hook_log)})
     assert "2 trial(s) completed, 3 failed" in out.stdout
+    calls = [json.loads(line) for line in hook_log.read_text().splitlines()]
+    assert sorted(c["number"] for c in calls if c["hook"] == "started") == list(range(5))
+    finished = {c["number"]: c["error"] for c in calls if c["hook"] == "finished"}
+    assert len(finished) == 5 and sum(e is not None for e in finished.values()) == 3
     by_method = {t.params["stage0.method"]: t for t in optuna_trials(tmp_path, "faults")}
     assert by_method["none"].state == by_method["noise"].state == optuna.trial.TrialState.COMPLETE
     assert "deliberate failure" in by_method["explode"].user_attrs["fail_reason"]

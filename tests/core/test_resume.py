@@ -1,0 +1,34 @@
+"""Exactly-once bookkeeping when a driver died between writing MLflow and telling Optuna."""
+
+from __future__ import annotations
+
+import optuna
+
+from paretolab.search import plan_trial
+from paretolab.spec import parse_spec
+from paretolab.stores import resolve_stores
+from paretolab.study import StudyOutcome, _open_study, _stale_trials
+from paretolab.tracking import Tracker
+from paretolab.trial import TrialResult
+from tests.core.test_spec import GOOD
+
+
+def test_a_trial_logged_to_mlflow_but_not_told_is_recovered_not_rerun(tmp_path):
+    spec = parse_spec(GOOD)
+    stores = resolve_stores(home=str(tmp_path))
+    study = _open_study(spec, stores, resume=False)
+    tracker = Tracker(stores, spec.name)
+    parent = tracker.study_run({}, {})
+    logged, lost, half = study.ask(), study.ask(), study.ask()
+    for trial in (logged, lost, half):
+        plan_trial(trial, spec)
+    tracker.log_trial(parent, logged.number, {}, TrialResult(metrics={"ppl": 12.0, "size_bytes": 100.0}), {})
+    half_run = tracker.client.create_run(tracker.experiment_id, tags={"paretolab.role": "trial", "paretolab.trial_number": str(half.number)})
+    redo = _stale_trials(study, tracker, spec, StudyOutcome(spec.name, 3), log=lambda *_: None)
+
+    assert [t.number for t, _ in redo] == [lost.number, half.number]
+    told = study.trials[logged.number]
+    assert told.state == optuna.trial.TrialState.COMPLETE and told.values == [12.0, 100.0]
+    assert tracker.client.get_run(half_run.info.run_id).info.lifecycle_stage == "deleted"  # half-written: dropped
+    # the redone trial keeps the parameters it was given before the crash
+    assert plan_trial(redo[0][0], spec) == plan_trial(optuna.trial.FixedTrial(study.trials[lost.number].params), spec)
