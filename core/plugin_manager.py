@@ -31,6 +31,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.models",
     "paretolab.plugins.baselines",
     "paretolab.plugins.incremental_bpe",
+    "paretolab.plugins.wanda",
+    "paretolab.plugins.macko",
 )
 
 

@@ -1,0 +1,169 @@
+"""MACKO: prune, then store each pruned Linear in the MACKO sparse format and run from it.
+
+Format and SpMV kernel: V. Macko, V. Boža, "MACKO-SpMV" (github.com/vlejd/macko_spmv); the
+format lives in ``paretolab.kernels.macko`` (see its docstring for the paper's details and
+ours). The pruning is ``wanda`` (default) or ``magnitude`` scores per output row, a param.
+
+What runs (our choices, the official code only ships the CUDA SpMV for batch 1):
+- one token (batch*seq == 1) on a CUDA device with triton installed: the Triton SpMV kernel;
+- everything else (several tokens, or the CPU): the matrix is decoded from the format for that
+  forward call only and multiplied with ``F.linear``; nothing dense is kept between calls.
+  On the CPU this beats the PyTorch reference SpMV even for one token (measured here, 1536x576
+  at 50%, one thread: decode + matvec ~9 ms, reference SpMV ~15 ms, dense matvec ~0.2 ms), so
+  on a CPU the MACKO model saves memory, not time; the reference is the kernel's test oracle.
+The layer keeps only the MACKO buffers (fp16 or bf16 values, 4-bit deltas, int32 row
+pointers) plus its bias; ``size_bytes`` counts those buffers exactly (recorded as the storage
+entry ``format:<module name>``), so the saving is real.
+Values are rounded to the 16-bit value dtype, so outputs match the pruned fp32 model to fp16
+precision, and exactly the pruned model with fp16-rounded weights up to summation order.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+from paretolab import Method, Metric, Paper, TrialContext, hookimpl
+from paretolab.errors import ConfigError
+from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_decode, macko_encode
+from paretolab.plugins.baselines import linear_weights, magnitude_mask
+from paretolab.plugins.wanda import activation_norms, check_sparsity, wanda_mask
+from paretolab.subject import Subject
+
+SCORES = ("wanda", "magnitude")
+VALUE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class MackoLinear(torch.nn.Module):
+    """A Linear layer whose weight exists only as MACKO buffers; forward runs from the format."""
+
+    def __init__(self, fmt: MackoMatrix, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = fmt.shape
+        self.register_buffer("values", fmt.values)
+        self.register_buffer("deltas", fmt.deltas)
+        self.register_buffer("row_ptr", fmt.row_ptr)
+        self.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear, *, value_dtype: torch.dtype = torch.float16) -> MackoLinear:
+        """Encode ``layer.weight`` (zeros are not stored) into a new MackoLinear."""
+        return cls(macko_encode(layer.weight, value_dtype=value_dtype), layer.bias)
+
+    @property
+    def fmt(self) -> MackoMatrix:
+        return MackoMatrix(self.values, self.deltas, self.row_ptr, (self.out_features, self.in_features))
+
+    @property
+    def nbytes(self) -> int:
+        """Stored bytes of the weight in MACKO format (the bias is not included)."""
+        return self.fmt.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in_features)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if x.is_cuda and x.numel() == self.in_features and _triton_kernel() is not None:
+            y = _triton_kernel()(self.fmt, x.reshape(self.in_features)).reshape(*x.shape[:-1], self.out_features)
+            return y if bias is None else y + bias
+        weight = macko_decode(self.fmt).to(x.dtype)  # (out, in), freed after this call
+        return F.linear(x, weight, bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, stored_bytes={self.nbytes}"
+
+
+@functools.cache
+def _triton_kernel() -> Callable[[MackoMatrix, torch.Tensor], torch.Tensor] | None:
+    """The Triton SpMV where triton is installed, else None (then the decode path runs)."""
+    try:
+        from paretolab.kernels.macko_triton import macko_spmv_triton
+    except ImportError:
+        return None
+    return macko_spmv_triton
+
+
+class Macko(Method):
+    """Prune (wanda or magnitude scores) and keep the pruned Linears in the MACKO format."""
+
+    name = "macko"
+    kind = "weights"
+    paper = Paper("MACKO-SpMV: Mutually Aligned Compressed coordinates Kernel Optimised SpMV", "", "https://github.com/vlejd/macko_spmv")
+    cost_is = "real"
+
+    def search_space(self) -> dict[str, Any]:
+        return {
+            "sparsity": FloatDistribution(0.0, 0.9),
+            "score": CategoricalDistribution(list(SCORES)),
+        }
+
+    def defaults(self) -> dict[str, Any]:
+        return {
+            "sparsity": 0.5,
+            "score": "wanda",
+            "value_dtype": "float16",
+            "calib_corpus": "pydoc",
+            "calib_samples": 16,
+            "calib_seq_len": 256,
+        }
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        p = {**self.defaults(), **params}
+        sparsity, score, dtype_name = float(p["sparsity"]), str(p["score"]), str(p["value_dtype"])
+        check_sparsity(self.name, sparsity, "unstructured")
+        if score not in SCORES:
+            raise ConfigError(f"macko.score must be one of {', '.join(SCORES)}; got {score!r}")
+        if dtype_name not in VALUE_DTYPES:
+            raise ConfigError(f"macko.value_dtype must be one of {', '.join(VALUE_DTYPES)}; got {dtype_name!r}")
+        norms = (
+            activation_norms(subject, ctx, corpus=p["calib_corpus"], n_samples=int(p["calib_samples"]), seq_len=int(p["calib_seq_len"]))
+            if score == "wanda"
+            else {}
+        )
+        layers = list(linear_weights(subject.model))
+        for name, layer in layers:
+            with torch.no_grad():
+                if score == "wanda":
+                    mask = wanda_mask(layer.weight, norms[name], sparsity)
+                else:
+                    mask = magnitude_mask(layer.weight, sparsity, per_row=True)
+                layer.weight.mul_(mask)
+            packed = MackoLinear.from_linear(layer, value_dtype=VALUE_DTYPES[dtype_name])
+            _replace_module(subject.model, name, packed)
+            # The weight is no Parameter any more: the size measure reads formats under "format:<module>".
+            subject.set_storage(f"format:{name}", stored_bytes=packed.nbytes)
+        return subject
+
+    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        layers = [m for m in subject.model.modules() if isinstance(m, MackoLinear)]
+        if not layers:
+            return {}
+        stored = sum(m.nbytes for m in layers)
+        dense = sum(dense_bytes((m.out_features, m.in_features)) for m in layers)
+        return {"macko_bytes_ratio": stored / dense}
+
+
+def _replace_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+@hookimpl
+def register_methods(register: Callable[[Method], None]) -> None:
+    register(Macko())
+
+
+@hookimpl
+def register_metrics(register: Callable[[Metric], None]) -> None:
+    register(
+        Metric(
+            "macko_bytes_ratio",
+            "fraction",
+            "minimize",
+            "stored bytes of the MACKO-format layers over the same layers dense in fp16 (1.0 = no saving)",
+        )
+    )
