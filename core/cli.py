@@ -16,6 +16,7 @@ EPILOG = """examples:
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab plugins                               every method, task, measure and model
   paretolab models pull smollm2-135m              convert the default model once
+  paretolab dashboard                             browse studies and frontiers on http://127.0.0.1:8501
 """
 
 
@@ -73,9 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(frontier)
     frontier.set_defaults(func=cmd_frontier)
 
+    report = sub.add_parser("report", help="each method's own Pareto set, as a Markdown table", description=(
+        "For each study, group complete trials by method (the stages that ran, e.g. 'wanda+rtn') and print "
+        "each method's own non-dominated trials with the chosen metrics: the method-vs-baseline table."
+    ))
+    report.add_argument("studies", nargs="+", help="study names")
+    report.add_argument("--metrics", default="ppl,size_bytes,prefill_ms", help="comma-separated metric columns (default ppl,size_bytes,prefill_ms)")
+    _store_flags(report)
+    report.set_defaults(func=cmd_report)
+
     studies = sub.add_parser("studies", help="list the studies in the stores with trial counts")
     _store_flags(studies)
     studies.set_defaults(func=cmd_studies)
+
+    dashboard = sub.add_parser("dashboard", help="browse studies, frontiers and trials in a web app (Streamlit)", description=(
+        "Start the Streamlit dashboard on the stores: studies, Pareto frontiers, trials, comparisons, methods and the "
+        "Ray cluster. It only reads the stores. Bound to 127.0.0.1 unless --host says otherwise."
+    ))
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dashboard.add_argument("--address", help="Ray cluster address for the Cluster page (env PARETOLAB_RAY_ADDRESS); default: local")
+    _store_flags(dashboard)
+    dashboard.set_defaults(func=cmd_dashboard)
     return parser
 
 
@@ -122,6 +142,18 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from paretolab.report import markdown_table, method_frontiers
+
+    stores = _stores(args)
+    columns = ["method", *[m.strip() for m in args.metrics.split(",") if m.strip()], "params", "trial"]
+    for name in args.studies:
+        print(f"### {name}\n")
+        print(markdown_table(method_frontiers(name, stores), columns))
+        print()
+    return 0
+
+
 def cmd_studies(args: argparse.Namespace) -> int:
     from paretolab.report import study_summaries
 
@@ -131,6 +163,41 @@ def cmd_studies(args: argparse.Namespace) -> int:
         return 0
     _table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
     return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from paretolab.errors import ConfigError
+
+    try:
+        import paretolab.dashboard
+        import streamlit  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"the dashboard needs streamlit and plotly ({exc}); pip install streamlit plotly") from None
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port: expected 1..65535, got {args.port}")
+    stores = _stores(args)
+    app = Path(paretolab.dashboard.__file__).with_name("app.py")
+    # Stores travel as environment variables, not arguments, so a password in a URL stays out of `ps`.
+    env = {**os.environ, "PARETOLAB_OPTUNA_STORAGE": stores.optuna_url, "PARETOLAB_TRACKING_URI": stores.tracking_uri,
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    if args.address:
+        env["PARETOLAB_RAY_ADDRESS"] = args.address
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--server.runOnSave", "false",
+        "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+    ]
+    redacted = stores.redacted()
+    print(f"paretolab dashboard on http://{args.host}:{args.port} (Optuna {redacted.optuna_url}, MLflow {redacted.tracking_uri}); Ctrl-C stops it", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -81,3 +81,59 @@ def _num(value: Any) -> str:
 
 def _params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={_num(v)}" for k, v in params.items())
+
+
+def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """(objectives, rows): every complete trial with its method label and all MLflow metrics."""
+    from mlflow.tracking import MlflowClient
+
+    study = load_study(name, stores)
+    objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]
+    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = {}
+    if experiment is not None:
+        for run in client.search_runs([experiment.experiment_id], "tags.`paretolab.role` = 'trial'", max_results=50_000):
+            runs[int(run.data.tags["paretolab.trial_number"])] = run
+    rows = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        run = runs.get(trial.number)
+        metrics = dict(run.data.metrics) if run else {}
+        metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
+        rows.append({"trial": trial.number, "method": method_label(run.data.params if run else {}), "params": dict(trial.params), **metrics,
+                     "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
+    return objectives, rows
+
+
+def method_label(params: dict[str, str]) -> str:
+    """'wanda+rtn' for a trial that ran wanda then rtn; 'none' for the unmodified model."""
+    methods = [v for k, v in sorted(params.items()) if k.endswith(".method") and k.count(".") == 1 and v != "none"]
+    return "+".join(methods) or "none"
+
+
+def method_frontiers(name: str, stores: Stores) -> list[dict[str, Any]]:
+    """Each method's own Pareto set on the study's objectives: the cross-method comparison."""
+    objectives, rows = trial_table(name, stores)
+    directions = [d for _, d in objectives]
+    out = []
+    for label in sorted({r["method"] for r in rows}):
+        mine = [r for r in rows if r["method"] == label]
+        front = pareto_indices([[r[m] for m, _ in objectives] for r in mine], directions)
+        out.extend(sorted((mine[i] for i in front), key=lambda r: r[objectives[-1][0]]))
+    return out
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A GitHub-flavoured Markdown table; numbers to 4 significant digits."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.split('.', 1)[-1]}={_num(v)}" for k, v in value.items() if not k.endswith(".method"))
+    return "" if value is None else str(value)

@@ -69,6 +69,11 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
     ppls = [row["ppl"] for row in frontier]
     assert ppls == sorted(ppls) and sizes == sorted(sizes, reverse=True)  # a frontier trades one for the other
 
+    table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes", cwd=tmp_path).stdout.splitlines()
+    assert table[2] == "| method | ppl | size_bytes | params | trial |"
+    labels = {line.split("|")[1].strip() for line in table[4:] if line.startswith("|")}
+    assert labels and labels <= {"magnitude", "magnitude+rtn"}
+
 
 def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray_head, with_testplugin):
     pipeline = write_pipeline(
