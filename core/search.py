@@ -79,7 +79,11 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         population = s.population_size or max(4, min(50, s.trials // 3))
         return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=population)
     if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, group=True, constant_liar=True)
+        import warnings
+
+        with warnings.catch_warnings():  # multivariate/group/constant_liar are "experimental" in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, group=True, constant_liar=True)
     # random, and grid (whose points are enqueued; see grid_points)
     return optuna.samplers.RandomSampler(seed=s.seed)
 

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (`paretolab dashboard`): studies, frontiers, trials; it reads the stores, never writes them."""
