@@ -76,7 +76,9 @@ def study_summaries(stores: Stores) -> list[dict[str, Any]]:
 
 
 def _num(value: Any) -> str:
-    return f"{value:.5g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
+    return str(value)
 
 
 def _params(params: dict[str, Any]) -> str:

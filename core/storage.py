@@ -39,8 +39,9 @@ class TensorStorage:
         else:
             kept = numel
             bits = numel * bits_per_value
-        if self.group_size:
-            bits += math.ceil(numel / self.group_size) * self.scale_bits
+        if self.group_size:  # groups run along the last (input) dimension; a short last group still has a scale
+            cols = tensor.shape[-1] if tensor.dim() else 1
+            bits += (numel // max(cols, 1)) * math.ceil(cols / self.group_size) * self.scale_bits
         return math.ceil(bits / 8)
 
 

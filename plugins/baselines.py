@@ -93,11 +93,11 @@ class RTN(Method):
         bits, group_size = int(params["bits"]), int(params["group_size"])
         if not 2 <= bits <= 16:
             raise ConfigError(f"rtn.bits must be between 2 and 16, got {bits}")
+        if group_size == 0 or group_size < -1:
+            raise ConfigError(f"rtn.group_size must be a positive number of input channels or -1 (whole row), got {group_size}")
         for name, layer in linear_weights(subject.model):
             cols = layer.weight.shape[1]
-            group = cols if group_size <= 0 else group_size
-            if cols % group:
-                raise ConfigError(f"rtn.group_size={group_size} does not divide {name}'s {cols} input channels")
+            group = cols if group_size <= 0 else min(group_size, cols)
             with torch.no_grad():
                 layer.weight.copy_(quantize_rtn(layer.weight, bits, group))
             subject.set_storage(f"{name}.weight", value_bits=bits, group_size=group, scale_bits=16)
@@ -105,13 +105,19 @@ class RTN(Method):
 
 
 def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
-    """Symmetric round-to-nearest with one absmax scale per group along the input dimension."""
+    """Symmetric round-to-nearest with one absmax scale per group along the input dimension.
+
+    When ``group_size`` does not divide the row (SmolLM2's 576 channels with groups of 128),
+    the last group of each row is shorter: zero padding never changes an absmax.
+    """
     rows, cols = weight.shape
-    grouped = weight.reshape(rows, cols // group_size, group_size)
+    pad = (-cols) % group_size
+    padded = torch.nn.functional.pad(weight, (0, pad)) if pad else weight
+    grouped = padded.reshape(rows, -1, group_size)
     qmax = 2 ** (bits - 1) - 1
     scale = grouped.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / qmax
     q = torch.clamp(torch.round(grouped / scale), -qmax - 1, qmax)
-    return (q * scale).reshape(rows, cols)
+    return (q * scale).reshape(rows, -1)[:, :cols]
 
 
 @hookimpl

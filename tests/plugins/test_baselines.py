@@ -54,8 +54,17 @@ def test_rtn_uses_at_most_two_to_the_bits_levels_per_group():
     assert torch.equal(quantize_rtn(w, 16, 64), quantize_rtn(w, 16, 64))
 
 
-def test_rtn_rejects_a_group_size_that_does_not_divide(tiny, tmp_path):
+def test_rtn_groups_that_do_not_divide_the_row_end_short(tiny, tmp_path):
+    w = torch.randn(4, 80)
+    q = quantize_rtn(w, bits=4, group_size=32)  # groups 32, 32, 16
+    assert torch.equal(q[:, 64:], quantize_rtn(w[:, 64:], bits=4, group_size=16))
+    out = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 48}, TrialContext(0, tmp_path))
+    name, layer = next(iter(linear_weights(out.model)))
+    assert out.storage_of(f"{name}.weight").group_size == 48
+
+
+def test_rtn_refuses_a_zero_group(tiny, tmp_path):
     from paretolab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="rtn.group_size=48 does not divide"):
-        RTN().transform(tiny.copy(), {"bits": 4, "group_size": 48}, TrialContext(0, tmp_path))
+    with pytest.raises(ConfigError, match="rtn.group_size must be a positive"):
+        RTN().transform(tiny.copy(), {"bits": 4, "group_size": 0}, TrialContext(0, tmp_path))
