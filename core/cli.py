@@ -194,6 +194,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     ]
     redacted = stores.redacted()
     print(f"paretolab dashboard on http://{args.host}:{args.port} (Optuna {redacted.optuna_url}, MLflow {redacted.tracking_uri}); Ctrl-C stops it", flush=True)
+    if os.name == "posix":
+        # Become Streamlit (exec), so Ctrl-C and a service manager's SIGTERM reach the server and no child is left behind.
+        sys.stdout.flush()
+        os.execve(sys.executable, cmd, env)
     try:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:

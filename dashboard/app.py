@@ -1,0 +1,77 @@
+"""The Streamlit app: ``paretolab dashboard`` runs this file. It reads the stores and never writes them.
+
+Stores come from the arguments after ``--`` (``--home``, ``--storage``, ``--tracking-uri``,
+``--address``) or the usual environment variables. The page, study and trial are mirrored in
+the URL's query string, so a link opens the same view.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import streamlit as st
+
+from paretolab.dashboard import data
+from paretolab.dashboard.context import Context, parse_args, ray_address, stores_from
+from paretolab.dashboard.view_frontier import frontier_page
+from paretolab.dashboard.view_studies import cluster_page, methods_page, no_studies, studies_page
+from paretolab.dashboard.view_trial import compare_page, trial_page
+
+PAGES = {
+    "Studies": studies_page,
+    "Frontier": frontier_page,
+    "Trial": trial_page,
+    "Compare": compare_page,
+    "Methods": methods_page,
+    "Cluster": cluster_page,
+}
+NEEDS_STUDY = ("Frontier", "Trial", "Compare")
+
+
+def _from_url() -> None:
+    """On a session's first run, take page, study and trial from the query string."""
+    if st.session_state.get("_url_read"):
+        return
+    st.session_state["_url_read"] = True
+    query = st.query_params
+    if query.get("page") in PAGES:
+        st.session_state["page"] = query["page"]
+    if query.get("study"):
+        st.session_state["study"] = query["study"]
+    trial = query.get("trial", "")
+    if trial.isdigit():
+        st.session_state["trial"] = int(trial)
+
+
+def main() -> None:
+    st.set_page_config(page_title="paretolab", layout="wide")
+    _from_url()
+    # Under `streamlit run app.py -- ARGS` argv is [app.py, *ARGS]; under AppTest it is the test runner's.
+    args = parse_args(sys.argv[1:] if sys.argv and sys.argv[0].endswith("app.py") else [])
+    stores = stores_from(args)
+    studies = data.list_studies(stores.optuna_url)
+    names = [s.name for s in studies]
+
+    st.sidebar.title("paretolab")
+    page = st.sidebar.radio("page", list(PAGES), key="page")
+    study = None
+    if names:
+        if st.session_state.get("study") not in names:
+            st.session_state["study"] = names[0]
+        chosen = st.sidebar.selectbox("study", names, key="study")
+        study = next(s for s in studies if s.name == chosen)
+    ctx = Context(stores=stores, address=ray_address(args), studies=studies, study=study)
+
+    if page in NEEDS_STUDY and study is None:
+        st.header(page)
+        no_studies(ctx)
+    else:
+        PAGES[page](ctx)
+    query = {"page": page, **({"study": study.name} if study else {})}
+    if page == "Trial" and "trial" in st.session_state:
+        query["trial"] = str(st.session_state["trial"])
+    if dict(st.query_params) != query:
+        st.query_params.from_dict(query)
+
+
+main()

@@ -1,0 +1,195 @@
+"""Figures from the data path: the frontier (interactive plotly, static matplotlib) and parallel coordinates.
+
+``frontier_points`` computes everything a frontier plot shows as plain data; the two backends
+only draw it. Static images use matplotlib rather than plotly+kaleido: kaleido drives a
+Chrome it downloads or finds at run time, one browser process per export, which is slow on two
+cores and fragile offline; matplotlib renders PNG and SVG in-process with no browser.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from paretolab.dashboard.data import NONE_METHOD
+
+WEBGL_ABOVE = 3000  # points; WebGL scatter beyond this, SVG below (WebGL needs a GPU or SwiftShader in the browser)
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+@dataclass
+class FrontierData:
+    """What a frontier plot shows, as data: points, the frontier(s) and the reference."""
+
+    points: pd.DataFrame  # complete trials with x, y (and z) values, a `frontier` flag, `hover` text
+    x: str
+    y: str
+    directions: tuple[str, str]
+    z: str | None
+    front: pd.DataFrame  # the frontier points, sorted by x
+    per_method: dict[str, pd.DataFrame]  # method label -> its own frontier, sorted by x
+    reference: pd.DataFrame  # trials of the unmodified model (methods == 'none')
+
+    def csv(self) -> str:
+        """The frontier as CSV: trial, the plotted metrics, methods, simulated, params."""
+        return self.front.drop(columns=["hover", "frontier"], errors="ignore").to_csv(index=False)
+
+
+def frontier_points(
+    frame: pd.DataFrame,
+    front_numbers: np.ndarray,
+    *,
+    x: str,
+    y: str,
+    directions: tuple[str, str],
+    z: str | None = None,
+    per_method: np.ndarray | None = None,
+    param_columns: list[str] | None = None,
+) -> FrontierData:
+    """Assemble the plot data from a complete-trial frame and the frontier's trial numbers."""
+    wanted = [x, y] + ([z] if z else [])
+    points = frame.dropna(subset=[c for c in wanted if c in frame.columns]).copy()
+    points["frontier"] = points["number"].isin(front_numbers)
+    points["hover"] = _hover(points, wanted, param_columns or [])
+    front = points[points["frontier"]].sort_values([x, y])
+    fronts: dict[str, pd.DataFrame] = {}
+    if per_method is not None:
+        own = points[points["number"].isin(per_method)].sort_values([x, y])
+        fronts = {str(label): group for label, group in own.groupby("methods", sort=True)}
+    reference = points[points["methods"] == NONE_METHOD]
+    keep = ["number", *wanted, "methods", "simulated", *(param_columns or [])]
+    front_out = front[[c for c in keep if c in front.columns] + ["hover", "frontier"]].rename(columns=lambda c: c.removeprefix("param:"))
+    return FrontierData(points, x, y, directions, z, front_out, fronts, reference)
+
+
+def _hover(points: pd.DataFrame, metrics: list[str], params: list[str]) -> pd.Series:
+    text = "trial " + points["number"].astype(str) + " · " + points["methods"].astype(str)
+    for metric in metrics:
+        text = text + f"<br>{metric} = " + points[metric].map(lambda v: f"{v:.5g}")
+    for column in params:
+        values = points[column]
+        shown = values.map(lambda v: "" if v is None or v != v else f"<br>{column.removeprefix('param:')} = {v:.4g}" if isinstance(v, float) else f"<br>{column.removeprefix('param:')} = {v}")
+        text = text + shown
+    simulated = points["simulated"].fillna("")
+    return text + np.where(simulated != "", "<br><i>cost simulated by: " + simulated + "</i>", "")
+
+
+def step_shape(x_direction: str) -> str:
+    """The staircase between frontier points sorted by x: the edge of the region they dominate."""
+    return "hv" if x_direction == "minimize" else "vh"
+
+
+def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = False, z_as: str = "colour", per_method: bool = False) -> go.Figure:
+    """All complete trials coloured by method, the frontier highlighted and joined as a step line."""
+    fig = go.Figure()
+    scatter = go.Scattergl if len(data.points) > WEBGL_ABOVE else go.Scatter
+    labels = sorted(data.points["methods"].unique())
+    colours = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+    z_values = data.points[data.z] if data.z else None
+    for label in labels:
+        group = data.points[data.points["methods"] == label]
+        simulated = group["simulated"].fillna("") != ""
+        # measured and simulated cost as two traces with one scalar symbol each: a per-point symbol array
+        # is validated point by point by plotly (0.6 s for 10k points)
+        for part, symbol, legend in ((group[~simulated], "circle", True), (group[simulated], "circle-open", not (~simulated).any())):
+            if part.empty:
+                continue
+            marker: dict[str, Any] = {"symbol": symbol, "size": 8, "opacity": 0.75, "color": colours[label]}
+            if data.z and z_as == "size":
+                marker["size"] = _sizes(part[data.z], z_values)
+            elif data.z:
+                marker.update(color=part[data.z].to_numpy(), coloraxis="coloraxis")
+            fig.add_trace(scatter(
+                x=part[data.x].to_numpy(), y=part[data.y].to_numpy(), mode="markers", name=label, legendgroup=label, showlegend=legend,
+                marker=marker, customdata=part["number"].to_numpy(), hovertext=part["hover"].to_numpy(), hoverinfo="text",
+            ))
+    line = {"shape": step_shape(data.directions[0])}
+    if per_method:
+        for label, front in data.per_method.items():
+            fig.add_trace(go.Scatter(x=front[data.x], y=front[data.y], mode="lines", name=f"{label} frontier", legendgroup=label,
+                                     line={**line, "color": colours.get(label, "#444"), "dash": "dot", "width": 1.5}, hoverinfo="skip"))
+    front = data.points[data.points["frontier"]].sort_values([data.x, data.y])
+    fig.add_trace(go.Scatter(
+        x=front[data.x], y=front[data.y], mode="lines+markers", name="Pareto frontier", line={**line, "color": "black", "width": 2},
+        marker={"size": 12, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
+        customdata=front["number"], hovertext=front["hover"], hoverinfo="text",
+    ))
+    if not data.reference.empty:
+        ref = data.reference
+        fig.add_trace(go.Scatter(x=ref[data.x], y=ref[data.y], mode="markers+text", name="unmodified model", text=["unmodified"] * len(ref),
+                                 textposition="top center", marker={"symbol": "star", "size": 16, "color": "gold", "line": {"color": "black", "width": 1}},
+                                 customdata=ref["number"], hovertext=ref["hover"], hoverinfo="text"))
+    fig.update_layout(
+        xaxis_title=data.x, yaxis_title=data.y, legend_title="method", height=560, margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        xaxis_type="log" if log_x else "linear", yaxis_type="log" if log_y else "linear", clickmode="event+select",
+    )
+    if data.z and z_as != "size":
+        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": data.z}})
+    return fig
+
+
+def _sizes(values: pd.Series, all_values: pd.Series | None) -> np.ndarray:
+    lo, hi = (float(all_values.min()), float(all_values.max())) if all_values is not None else (0.0, 1.0)
+    span = hi - lo or 1.0
+    return 6 + 16 * (values.to_numpy(dtype=float) - lo) / span
+
+
+def frontier_image(data: FrontierData, fmt: str, *, log_x: bool = False, log_y: bool = False) -> bytes:
+    """The frontier plot as PNG or SVG bytes (matplotlib, no browser)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5.5), dpi=120)
+    ax = fig.subplots()
+    labels = sorted(data.points["methods"].unique())
+    for i, label in enumerate(labels):
+        group = data.points[data.points["methods"] == label]
+        simulated = group["simulated"].fillna("") != ""
+        colour = PALETTE[i % len(PALETTE)]
+        ax.scatter(group.loc[~simulated, data.x], group.loc[~simulated, data.y], s=18, color=colour, alpha=0.75, label=label, rasterized=len(group) > WEBGL_ABOVE)
+        if simulated.any():
+            ax.scatter(group.loc[simulated, data.x], group.loc[simulated, data.y], s=18, facecolors="none", edgecolors=colour,
+                       label=f"{label} (cost simulated)", rasterized=len(group) > WEBGL_ABOVE)
+    front = data.points[data.points["frontier"]].sort_values([data.x, data.y])
+    where = "post" if data.directions[0] == "minimize" else "pre"
+    ax.step(front[data.x], front[data.y], where=where, color="black", linewidth=1.5, label="Pareto frontier")
+    ax.scatter(front[data.x], front[data.y], s=60, facecolors="none", edgecolors="black")
+    if not data.reference.empty:
+        ax.scatter(data.reference[data.x], data.reference[data.y], marker="*", s=200, color="gold", edgecolors="black", label="unmodified model", zorder=5)
+    ax.set_xlabel(data.x)
+    ax.set_ylabel(data.y)
+    ax.set_xscale("log" if log_x else "linear")
+    ax.set_yscale("log" if log_y else "linear")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format=fmt)
+    return out.getvalue()
+
+
+def parallel_coordinates(table: pd.DataFrame) -> go.Figure:
+    """One line per trial across its numeric and categorical columns (categories as ticks)."""
+    dims = []
+    for column in table.columns:
+        if column == "number":
+            continue
+        values = table[column]
+        numeric = pd.to_numeric(values, errors="coerce")
+        if numeric.notna().all():
+            dims.append({"label": column, "values": numeric})
+        elif values.notna().any():
+            cats = sorted({str(v) for v in values})
+            codes = values.map(lambda v, c=cats: c.index(str(v)))
+            dims.append({"label": column, "values": codes, "tickvals": list(range(len(cats))), "ticktext": cats})
+    colour = table["number"].astype(float)
+    fig = go.Figure(go.Parcoords(line={"color": colour, "colorscale": "Turbo", "showscale": True, "colorbar": {"title": "trial"}}, dimensions=dims))
+    fig.update_layout(height=460, margin={"l": 60, "r": 60, "t": 60, "b": 20})
+    return fig

@@ -1,0 +1,120 @@
+"""The Frontier page: two metrics (a third as colour or size), every trial, the non-dominated ones joined."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from paretolab.dashboard.context import Context
+from paretolab.dashboard.data import frontier_numbers
+from paretolab.dashboard.plots import FrontierData, frontier_figure, frontier_image, frontier_points
+
+NO_Z = "(none)"
+MAX_TRIAL_BUTTONS = 24
+MLFLOW_METRICS_UP_TO = 2000  # trials
+
+
+def open_trial(number: int) -> None:
+    """Button callback: switch to the Trial page on ``number``."""
+    st.session_state["page"] = "Trial"
+    st.session_state["trial"] = int(number)
+
+
+def frontier_page(ctx: Context) -> None:
+    assert ctx.study is not None
+    table = ctx.table
+    st.header(f"Frontier · {ctx.study.name}")
+    failed = int((table.frame["state"] == "FAIL").sum())
+    done = table.complete()
+    if done.empty:
+        st.info(f"Study {ctx.study.name!r} has no completed trials yet ({len(table.frame)} trial(s) in all, {failed} failed).")
+        return
+    objectives = [m for m, _ in table.objectives]
+    # Every MLflow metric can be an axis; reading them is a second store read, so on by default only for smaller studies.
+    use_runs = st.toggle("offer every MLflow metric", value=len(table.frame) <= MLFLOW_METRICS_UP_TO or len(objectives) < 2, key="fruns")
+    frame = ctx.merged() if use_runs else table.frame
+    choices = ctx.numeric_metrics(frame[frame["state"] == "COMPLETE"])
+    if len(choices) < 2:
+        st.info(f"Study {ctx.study.name!r} reports only {choices[0] if choices else 'no metric'}; a frontier needs two metrics.")
+        return
+    c1, c2, c3, c4 = st.columns([3, 3, 3, 2])
+    x = c1.selectbox("x", _keep("fx", choices), index=0, key="fx")
+    y = c2.selectbox("y", _keep("fy", [m for m in choices if m != x]), index=0, key="fy")
+    z = c3.selectbox("third metric", _keep("fz", [NO_Z, *[m for m in choices if m not in (x, y)]]), key="fz")
+    z_as = c4.radio("third as", ["colour", "size"], key="fz_as", horizontal=True, disabled=z == NO_Z)
+    t1, t2, t3 = st.columns(3)
+    log_x = t1.toggle("log x", key="flogx")
+    log_y = t2.toggle("log y", key="flogy")
+    per_method = t3.toggle("one frontier per method", key="fper")
+
+    directions = (ctx.direction(x), ctx.direction(y))
+    z_metric = None if z == NO_Z else z
+    # Plot data and figure are kept with the cached trial table: a repaint of an unchanged study rebuilds neither.
+    key = ("frontier", x, y, z_metric, per_method, use_runs)
+    data = table.memo(key, lambda: _plot_data(ctx, frame, x, y, directions, z_metric, per_method))
+    fig = table.memo((*key, log_x, log_y, z_as), lambda: frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method))
+    event = st.plotly_chart(fig, key="frontier_chart", on_select="rerun", selection_mode="points", width="stretch")
+    _notes(ctx, data, failed, len(done))
+    _selected(event)
+    _downloads(ctx, data, log_x, log_y)
+    _frontier_table(data)
+
+
+def _keep(key: str, options: list[str]) -> list[str]:
+    """Forget a remembered choice that this study (or the other axes) no longer offers."""
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]
+    return options
+
+
+def _plot_data(ctx: Context, frame: pd.DataFrame, x: str, y: str, directions: tuple[str, str], z: str | None, per_method: bool) -> FrontierData:
+    table = ctx.table
+    complete = frame[frame["state"] == "COMPLETE"]
+    if {x, y} <= {m for m, _ in table.objectives}:
+        front = table.frontier([x, y], directions)
+        own = table.frontier([x, y], directions, by="methods") if per_method else None
+    else:
+        front = frontier_numbers(complete, [x, y], list(directions))
+        own = frontier_numbers(complete, [x, y], list(directions), "methods") if per_method else None
+    return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=table.param_columns)
+
+
+def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None:
+    parts = [f"{complete} complete trial(s), {len(data.front)} on the frontier ({', '.join(data.directions)})"]
+    if failed:
+        parts.append(f"{failed} failed trial(s) not shown (see the Trial page for reasons)")
+    simulated = sorted({m for s in data.points["simulated"].fillna("") for m in s.split(",") if m})
+    if simulated:
+        parts.append(f"hollow markers: cost saving simulated by {', '.join(simulated)} (not a deployable format)")
+    if data.reference.empty:
+        parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
+    st.caption(" · ".join(parts))
+
+
+def _selected(event: object) -> None:
+    points = getattr(getattr(event, "selection", None), "points", None) or []
+    numbers = sorted({int(p["customdata"]) for p in points if isinstance(p, dict) and p.get("customdata") is not None})
+    if numbers:
+        st.button(f"Open trial {numbers[0]}", key="open_selected", on_click=open_trial, args=(numbers[0],), type="primary")
+
+
+def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> None:
+    assert ctx.study is not None
+    name = f"{ctx.study.name}_{data.x}_vs_{data.y}"
+    d1, d2, d3 = st.columns(3)
+    d1.download_button("Frontier CSV", data.csv(), file_name=f"{name}_frontier.csv", mime="text/csv", key="dl_csv")
+    # Images render only when clicked (a callable): matplotlib on 10k points takes longer than a repaint may.
+    d2.download_button("Plot PNG", lambda: frontier_image(data, "png", log_x=log_x, log_y=log_y), file_name=f"{name}.png", mime="image/png", key="dl_png")
+    d3.download_button("Plot SVG", lambda: frontier_image(data, "svg", log_x=log_x, log_y=log_y), file_name=f"{name}.svg", mime="image/svg+xml", key="dl_svg")
+
+
+def _frontier_table(data: FrontierData) -> None:
+    st.subheader("Frontier trials")
+    shown = data.front.drop(columns=["hover", "frontier"])
+    st.dataframe(shown, hide_index=True, width="stretch")
+    numbers = shown["number"].to_numpy()[:MAX_TRIAL_BUTTONS]
+    if len(numbers):
+        cols = st.columns(min(len(numbers), 8))
+        for i, number in enumerate(numbers):
+            cols[i % len(cols)].button(f"Trial {int(number)}", key=f"open_{int(number)}", on_click=open_trial, args=(int(number),))
+

@@ -1,0 +1,92 @@
+"""Pages that need no single study's trials: Studies, Methods, Cluster."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from paretolab.dashboard.context import Context, describe_methods, describe_metrics
+
+
+def no_studies(ctx: Context) -> None:
+    st.info(
+        f"No studies in {ctx.stores.redacted().optuna_url} yet. Run one with `paretolab run pipelines/smoke.yaml` "
+        "(about a minute), or point the dashboard at other stores with `--home`, `--storage` and `--tracking-uri`."
+    )
+
+
+def studies_page(ctx: Context) -> None:
+    st.header("Studies")
+    st.caption(f"Optuna: {ctx.stores.redacted().optuna_url} · MLflow: {ctx.stores.redacted().tracking_uri}")
+    if not ctx.studies:
+        no_studies(ctx)
+        return
+    rows = []
+    for s in ctx.studies:
+        rows.append({
+            "study": s.name,
+            "complete": s.counts.get("COMPLETE", 0),
+            "failed": s.counts.get("FAIL", 0),
+            "running": s.counts.get("RUNNING", 0),
+            "other": s.counts.get("WAITING", 0) + s.counts.get("PRUNED", 0),
+            "progress": s.finished / s.planned if s.planned else 0.0,
+            "planned": s.planned,
+            "objectives": ", ".join(f"{m} ({d[:3]})" for m, d in s.objectives),
+            "model": s.model,
+            "methods": ", ".join(s.methods),
+            "last update": s.last_update,
+        })
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", help="finished trials / planned (search.trials)", min_value=0.0, max_value=1.0, format="percent"),
+            "last update": st.column_config.DatetimeColumn("last update (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+        },
+    )
+    st.caption("Pick a study in the sidebar, then open its Frontier.")
+
+
+def methods_page(ctx: Context) -> None:
+    st.header("Methods")
+    try:
+        methods = describe_methods()
+        metrics = describe_metrics()
+    except Exception as exc:
+        st.error(f"The plugins could not be loaded: {exc}")
+        return
+    st.caption("Every method the installed plugins register. `cost` says whether the saving is real (a stored format or a kernel that runs) or simulated.")
+    st.dataframe(pd.DataFrame(methods), hide_index=True, width="stretch")
+    st.subheader("Metrics")
+    st.dataframe(pd.DataFrame(metrics), hide_index=True, width="stretch")
+
+
+def cluster_page(ctx: Context) -> None:
+    st.header("Cluster")
+    if not ctx.address:
+        st.info(
+            "local: no Ray cluster address was given, so studies run on a local Ray that `paretolab run` starts and stops. "
+            "Start the dashboard with `--address HEAD:6379` to see a cluster's nodes, resources and jobs."
+        )
+        return
+    from paretolab.dashboard.cluster import cluster_info
+
+    try:
+        info = cluster_info(ctx.address)
+    except Exception as exc:
+        st.error(f"Could not reach the Ray cluster at {ctx.address!r}: {type(exc).__name__}: {exc}")
+        return
+    st.write(f"Connected to **{info.address}** · {sum(n['alive'] for n in info.nodes)} node(s) alive")
+    resources = pd.DataFrame({"total": pd.Series(info.total), "available": pd.Series(info.available)}).fillna(0.0)
+    st.subheader("Resources")
+    st.dataframe(resources, width="stretch")
+    st.subheader("Nodes")
+    st.dataframe(pd.DataFrame(info.nodes), hide_index=True, width="stretch")
+    st.subheader("Jobs")
+    if info.jobs:
+        st.dataframe(pd.DataFrame(info.jobs), hide_index=True, width="stretch")
+    elif info.jobs_error:
+        st.caption(f"Jobs are not available from this cluster: {info.jobs_error}")
+    else:
+        st.caption("No jobs.")

@@ -1,0 +1,134 @@
+"""The Trial page (one trial in full, and how to reproduce it) and the Compare page (trials side by side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from paretolab.dashboard import runs
+from paretolab.dashboard.context import Context
+from paretolab.dashboard.plots import parallel_coordinates
+from paretolab.dashboard.reproduce import reproduce_yaml
+
+TRACEBACK = "traceback.txt"
+
+
+def trial_page(ctx: Context) -> None:
+    assert ctx.study is not None
+    frame = ctx.table.frame
+    st.header(f"Trial · {ctx.study.name}")
+    if frame.empty:
+        st.info(f"Study {ctx.study.name!r} has no trials yet.")
+        return
+    numbers = frame["number"].tolist()
+    if st.session_state.get("trial") not in numbers:
+        st.session_state["trial"] = numbers[0]
+    number = st.selectbox("trial", numbers, key="trial", format_func=lambda n: _label(frame, n))
+    row = frame[frame["number"] == number].iloc[0]
+    params = {c.removeprefix("param:"): _plain(row[c]) for c in ctx.table.param_columns if _present(row[c])}
+    objectives = {m: row[m] for m, _ in ctx.table.objectives}
+
+    a, b, c = st.columns(3)
+    a.metric("state", str(row["state"]))
+    b.metric("methods", str(row["methods"]))
+    c.metric("finished", "" if pd.isna(row["datetime_complete"]) else str(row["datetime_complete"])[:19])
+    if row["fail_reason"]:
+        st.error(f"Failed: {row['fail_reason']}")
+    if row["simulated"]:
+        st.warning(f"The cost saving of {row['simulated']} is simulated in this trial (no deployable format or kernel ran).")
+
+    detail = _run_detail(ctx, str(row["mlflow_run_id"]))
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Parameters")
+        st.dataframe(_kv(params or {"(none)": ""}), hide_index=True, width="stretch")
+        if detail and detail.params:
+            with st.expander("all parameters as run (MLflow)"):
+                st.dataframe(_kv(detail.params), hide_index=True, width="stretch")
+    with right:
+        st.subheader("Metrics")
+        metrics = dict(detail.metrics) if detail else {}
+        shown = {**{k: v for k, v in metrics.items() if not k.startswith("stage_s.")}, **{k: v for k, v in objectives.items() if pd.notna(v)}}
+        st.dataframe(_kv(shown or {"(none)": ""}), hide_index=True, width="stretch")
+    stages = {k.removeprefix("stage_s."): v for k, v in (detail.metrics if detail else {}).items() if k.startswith("stage_s.")}
+    if stages:
+        st.subheader("Stage timings (s)")
+        st.bar_chart(pd.Series(stages, name="seconds"), horizontal=True)
+    if detail is None:
+        st.caption("No MLflow run recorded for this trial (it may still be running, or the MLflow store is elsewhere).")
+    else:
+        _tags_and_artifacts(ctx, detail)
+    st.subheader("Reproduce")
+    text = reproduce_yaml(ctx.study.pipeline, params, study=ctx.study.name, number=int(number))
+    st.code(text, language="yaml")
+    st.download_button("Download pipeline YAML", text, file_name=f"{ctx.study.name}-trial{number}.yaml", mime="text/yaml", key="dl_yaml")
+
+
+def _tags_and_artifacts(ctx: Context, detail: runs.RunDetail) -> None:
+    with st.expander("tags"):
+        st.dataframe(_kv({k: v for k, v in sorted(detail.tags.items()) if not k.startswith("mlflow.")}), hide_index=True, width="stretch")
+    files = runs.list_artifacts(ctx.stores.tracking_uri, detail)
+    if TRACEBACK in files:
+        st.subheader("Traceback")
+        st.code(runs.read_artifact(ctx.stores.tracking_uri, detail, TRACEBACK).decode(errors="replace"), language="python")
+    if files:
+        st.subheader("Artifacts")
+        for i, path in enumerate(files):
+            st.download_button(path, lambda p=path: runs.read_artifact(ctx.stores.tracking_uri, detail, p), file_name=path.rsplit("/", 1)[-1], key=f"art_{i}")
+
+
+def compare_page(ctx: Context) -> None:
+    assert ctx.study is not None
+    st.header(f"Compare · {ctx.study.name}")
+    table = ctx.table
+    if table.frame.empty:
+        st.info(f"Study {ctx.study.name!r} has no trials yet.")
+        return
+    frame = ctx.merged()
+    numbers = frame["number"].tolist()
+    metrics = [m for m, _ in table.objectives]
+    default = table.frontier(metrics, [d for _, d in table.objectives]).tolist()[:4] if len(metrics) >= 1 else []
+    chosen = st.multiselect("trials", numbers, default=default or numbers[:2], key="compare")
+    if not chosen:
+        st.info("Pick trials to compare.")
+        return
+    rows = frame[frame["number"].isin(chosen)].set_index("number").loc[chosen]
+    fields = ["state", "methods", "simulated", *table.param_columns, *ctx.numeric_metrics(frame)]
+    side = rows[[f for f in fields if f in rows.columns]].rename(columns=lambda c: c.removeprefix("param:")).T
+    side.columns = [f"trial {n}" for n in chosen]
+    st.dataframe(side.astype(str).replace({"nan": "", "None": ""}), width="stretch")
+    if len(chosen) >= 2:
+        numeric = [c for c in [*table.param_columns, *ctx.numeric_metrics(frame)] if c in rows.columns and rows[c].notna().any()]
+        coords = rows[numeric].rename(columns=lambda c: c.removeprefix("param:")).reset_index()
+        st.plotly_chart(parallel_coordinates(coords), key="parcoords", width="stretch")
+
+
+def _run_detail(ctx: Context, run_id: str) -> runs.RunDetail | None:
+    try:
+        return runs.run_detail(ctx.stores.tracking_uri, run_id)
+    except Exception as exc:
+        st.warning(f"Could not read the trial's MLflow run: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _label(frame: pd.DataFrame, number: int) -> str:
+    row = frame[frame["number"] == number].iloc[0]
+    return f"{number} · {row['state'].lower()} · {row['methods']}"
+
+
+def _kv(values: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame({"name": list(values), "value": [_text(v) for v in values.values()]})
+
+
+def _text(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value

@@ -1,0 +1,137 @@
+"""Fixture stores in the layout `paretolab run` writes, made directly (seconds, no model, no Ray).
+
+Study ``demo``: two objectives (ppl, size_bytes), methods magnitude | none then rtn | none,
+ten complete trials (one of the unmodified model), two failed (one with a traceback artifact),
+one still running. Study ``single``: one complete trial. Optuna trials are added with
+``create_trial``; MLflow runs are logged with paretolab's own ``Tracker``, as the driver does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from paretolab.stores import Stores, resolve_stores
+
+PIPELINE = {
+    "name": "demo",
+    "model": "tiny-llama",
+    "task": {"name": "perplexity", "corpus": "pydoc", "max_tokens": 4096},
+    "stages": [
+        {"choice": [{"method": "magnitude", "params": {"sparsity": {"low": 0.1, "high": 0.9}, "scope": "row"}}, {"method": "none"}]},
+        {"choice": [{"method": "rtn", "params": {"bits": [2, 4, 8], "group_size": 32}}, {"method": "none"}]},
+    ],
+    "objectives": [{"metric": "ppl", "direction": "minimize"}, {"metric": "size_bytes", "direction": "minimize"}],
+    "search": {"sampler": "nsga2", "trials": 16, "seed": 0, "trial_timeout_s": 600},
+    "resources": {"cpus": 1, "gpus": 0},
+}
+SPARSITY = FloatDistribution(0.1, 0.9)
+BITS = CategoricalDistribution([2, 4, 8])
+STAGE0 = CategoricalDistribution(["magnitude", "none"])
+STAGE1 = CategoricalDistribution(["rtn", "none"])
+
+# (stage0, sparsity, stage1, bits, ppl, size_bytes) per complete trial; trial 0 is the unmodified model.
+COMPLETE = [
+    ("none", None, "none", None, 20.0, 400_000.0),
+    ("magnitude", 0.2, "none", None, 21.0, 390_000.0),
+    ("magnitude", 0.5, "none", None, 26.0, 380_000.0),
+    ("none", None, "rtn", 8, 20.2, 110_000.0),
+    ("none", None, "rtn", 4, 22.0, 60_000.0),
+    ("none", None, "rtn", 2, 95.0, 35_000.0),
+    ("magnitude", 0.3, "rtn", 8, 23.0, 108_000.0),
+    ("magnitude", 0.6, "rtn", 4, 40.0, 59_000.0),
+    ("magnitude", 0.8, "rtn", 2, 400.0, 34_000.0),
+    ("magnitude", 0.4, "rtn", 4, 25.0, 61_000.0),
+]
+TRACEBACK = 'Traceback (most recent call last):\n  File "trial.py", line 1, in run\nRuntimeError: boom: weights went NaN\n'
+
+
+def _params(stage0: str, sparsity: float | None, stage1: str, bits: int | None) -> tuple[dict, dict]:
+    params: dict = {"stage0.method": stage0, "stage1.method": stage1}
+    dists: dict = {"stage0.method": STAGE0, "stage1.method": STAGE1}
+    if sparsity is not None:
+        params["magnitude.sparsity"], dists["magnitude.sparsity"] = sparsity, SPARSITY
+    if bits is not None:
+        params["rtn.bits"], dists["rtn.bits"] = bits, BITS
+    return params, dists
+
+
+def _mlflow_params(stage0: str, sparsity: float | None, stage1: str, bits: int | None) -> dict:
+    out: dict = {"stage0.method": stage0, "stage1.method": stage1, "trial.attempt": 1}
+    if sparsity is not None:
+        out.update({"stage0.magnitude.sparsity": sparsity, "stage0.magnitude.scope": "row"})
+    if bits is not None:
+        out.update({"stage1.rtn.bits": bits, "stage1.rtn.group_size": 32})
+    return out
+
+
+def build_stores(home: Path) -> Stores:
+    """Write the fixture studies under ``home`` and return their stores."""
+    from paretolab.tracking import Tracker
+    from paretolab.trial import TrialResult
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    stores = resolve_stores(home=str(home))
+    for name, rows, failed, running in (("demo", COMPLETE, 2, 1), ("single", COMPLETE[3:4], 0, 0)):
+        pipeline = {**PIPELINE, "name": name}
+        study = optuna.create_study(study_name=name, storage=stores.optuna_url, directions=["minimize", "minimize"])
+        study.set_user_attr("pipeline_hash", "f00d")
+        study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
+        study.set_user_attr("model", "tiny-llama")
+        study.set_user_attr("methods", ["magnitude", "none", "rtn"])
+        study.set_user_attr("pipeline", pipeline)
+        tracker = Tracker(stores, name)
+        parent = tracker.study_run({"paretolab.pipeline_hash": "f00d"}, {"pipeline": pipeline})
+        tags = {"paretolab.pipeline_hash": "f00d", "paretolab.methods": "magnitude,none,rtn", "paretolab.code_version": "test",
+                "paretolab.plugin_versions": "builtin only", "paretolab.worker": "test:1"}
+        number = 0
+        for stage0, sparsity, stage1, bits, ppl, size in rows:
+            params, dists = _params(stage0, sparsity, stage1, bits)
+            metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5}
+            simulated = [m for m in (stage0, stage1) if m != "none"]
+            result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated)
+            run_id = tracker.log_trial(parent, number, _mlflow_params(stage0, sparsity, stage1, bits), result, tags)
+            study.add_trial(create_trial(params=params, distributions=dists, values=[ppl, size], user_attrs={"mlflow_run_id": run_id}))
+            number += 1
+        for i in range(failed):
+            params, dists = _params("magnitude", 0.85, "rtn", 2)
+            result = TrialResult(error=f"objective metric 'ppl' is nan (trial {number})", traceback=TRACEBACK if i == 0 else None)
+            run_id = tracker.log_trial(parent, number, _mlflow_params("magnitude", 0.85, "rtn", 2), result, tags)
+            study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.FAIL,
+                                         user_attrs={"mlflow_run_id": run_id, "fail_reason": result.error}))
+            number += 1
+        for _ in range(running):
+            params, dists = _params("none", None, "rtn", 8)
+            study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.RUNNING))
+            number += 1
+    return stores
+
+
+@pytest.fixture(scope="session")
+def fixture_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("dashboard_store")
+    build_stores(home)
+    return home
+
+
+@pytest.fixture
+def store_env(fixture_home, monkeypatch) -> Path:
+    """The app reads the fixture stores (the way `paretolab dashboard --home` passes them)."""
+    stores = resolve_stores(home=str(fixture_home))
+    monkeypatch.setenv("PARETOLAB_OPTUNA_STORAGE", stores.optuna_url)
+    monkeypatch.setenv("PARETOLAB_TRACKING_URI", stores.tracking_uri)
+    monkeypatch.delenv("PARETOLAB_RAY_ADDRESS", raising=False)
+    return fixture_home
+
+
+@pytest.fixture
+def empty_env(tmp_path, monkeypatch) -> Path:
+    """Stores that were never written: the SQLite files do not exist."""
+    monkeypatch.setenv("PARETOLAB_OPTUNA_STORAGE", f"sqlite:///{tmp_path / 'optuna.db'}")
+    monkeypatch.setenv("PARETOLAB_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("PARETOLAB_RAY_ADDRESS", raising=False)
+    return tmp_path

@@ -1,0 +1,96 @@
+"""End to end: `paretolab dashboard` on the fixture stores, driven by headless Chromium (Playwright).
+
+Needs Debian's chromium (`apt-get install -y chromium`) and the `playwright` package; it fails,
+not skips, when either is missing. Playwright never downloads a browser here: it is pointed at
+the system one. Screenshots go to the test's tmp folder and, when run by hand (CI unset), to
+docs/dashboard.png for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("PARETOLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dashboard(fixture_home, tmp_path):
+    """The real CLI serving the fixture stores on a free loopback port; stopped after the test."""
+    port = _free_port()
+    log = (tmp_path / "dashboard.log").open("w")
+    env = {k: v for k, v in os.environ.items() if k not in ("PARETOLAB_OPTUNA_STORAGE", "PARETOLAB_TRACKING_URI", "MLFLOW_TRACKING_URI")}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "paretolab"), "dashboard", "--home", str(fixture_home), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"dashboard did not start (exit {proc.poll()}):\n{(tmp_path / 'dashboard.log').read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        # the whole process group: the server and anything it started
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.mark.slow
+def test_frontier_renders_and_a_click_opens_the_trial(dashboard, tmp_path):
+    assert Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set PARETOLAB_CHROMIUM)"
+    from playwright.sync_api import expect, sync_playwright  # ImportError fails the test: pip install playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{dashboard}/?page=Frontier&study=demo", wait_until="domcontentloaded")
+            expect(page.get_by_text("Frontier · demo")).to_be_visible(timeout=60_000)
+            plot = page.locator(".js-plotly-plot").first
+            expect(plot).to_be_visible(timeout=60_000)
+            # plotly drew the points: one marker per complete trial (10), plus the frontier's own markers
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length >= 10", timeout=30_000)
+            expect(page.locator(".js-plotly-plot .legendtext", has_text="Pareto frontier")).to_have_count(1)
+            time.sleep(1.0)  # let the chart finish its transition before the picture
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=False)
+            assert shot.stat().st_size > 10_000
+
+            page.get_by_role("button", name="Trial 4", exact=True).click()
+            expect(page.get_by_text("Trial · demo")).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("Reproduce")).to_be_visible(timeout=30_000)
+            page.wait_for_url(lambda u: "page=Trial" in u and "trial=4" in u, timeout=30_000)  # the view is linkable
+            page.screenshot(path=str(tmp_path / "dashboard-trial.png"), full_page=False)
+        finally:
+            browser.close()
+    if not os.environ.get("CI"):
+        (ROOT / "docs").mkdir(exist_ok=True)
+        shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")

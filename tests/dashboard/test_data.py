@@ -1,0 +1,108 @@
+"""The data path apart from rendering: store reads, frontiers, the cache, reproduce files, images."""
+
+from __future__ import annotations
+
+import hashlib
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import create_trial
+
+from paretolab.dashboard import data, runs
+from paretolab.dashboard.plots import frontier_image, frontier_points
+from paretolab.dashboard.reproduce import reproduce_pipeline
+from paretolab.stores import resolve_stores
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_trials_read_in_one_pass_match_optuna(fixture_home):
+    stores = resolve_stores(home=str(fixture_home))
+    before = _digest(fixture_home / "optuna.db"), _digest(fixture_home / "mlflow.db")
+    data.clear_cache()
+    table = data.load_trials(stores.optuna_url, "demo", methods_cost={"magnitude": "simulated", "rtn": "simulated"})
+    study = optuna.load_study(study_name="demo", storage=stores.optuna_url)
+    frame = table.frame.set_index("number")
+    for trial in study.get_trials():
+        row = frame.loc[trial.number]
+        assert row["state"] == trial.state.name
+        assert {c.removeprefix("param:"): row[c] for c in table.param_columns if row[c] is not None} == trial.params
+        if trial.values:
+            assert [row["ppl"], row["size_bytes"]] == trial.values
+    assert isinstance(frame.loc[7, "param:rtn.bits"], int), "categorical ints stay ints"
+    assert frame.loc[0, "methods"] == "none" and frame.loc[7, "methods"] == "magnitude+rtn"
+    assert frame.loc[7, "simulated"] == "magnitude,rtn" and frame.loc[0, "simulated"] == ""
+    front = table.frontier(["ppl", "size_bytes"], ["minimize", "minimize"])
+    assert sorted(front) == sorted(t.number for t in study.best_trials)
+    metrics = runs.trial_metrics(stores.tracking_uri, "demo")
+    assert sorted(metrics["number"]) == list(range(12)) and metrics.set_index("number").loc[3, "prefill_ms"] == 13.0
+    assert (_digest(fixture_home / "optuna.db"), _digest(fixture_home / "mlflow.db")) == before, "the dashboard never writes"
+
+
+def test_cache_is_reused_until_the_study_changes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
+    dist = {"x": FloatDistribution(0, 1)}
+    study.add_trials([create_trial(params={"x": 0.1 * i}, distributions=dist, values=[float(i), float(10 - i)]) for i in range(5)])
+    data.clear_cache()
+    first = data.load_trials(url, "s")
+    assert data.load_trials(url, "s") is first and data.cached_trials(url, "s") is first
+    study.add_trial(create_trial(params={"x": 0.9}, distributions=dist, values=[0.0, 0.0]))
+    assert data.cached_trials(url, "s") is None
+    second = data.load_trials(url, "s")
+    assert second is not first and list(second.frontier(["ppl", "size_bytes"], ["minimize", "minimize"])) == [5]
+
+
+def test_a_store_that_does_not_exist_is_not_created(tmp_path):
+    url = f"sqlite:///{tmp_path / 'nothing.db'}"
+    assert data.list_studies(url) == []
+    assert runs.trial_metrics(url, "x").empty
+    assert not (tmp_path / "nothing.db").exists()
+
+
+def test_per_method_frontiers_and_maximised_axes():
+    import pandas as pd
+
+    frame = pd.DataFrame({"number": [0, 1, 2, 3], "acc": [0.5, 0.7, 0.6, 0.9], "size_bytes": [1.0, 2.0, 1.5, 3.0], "methods": ["a", "a", "b", "b"]})
+    assert list(data.frontier_numbers(frame, ["acc", "size_bytes"], ["maximize", "minimize"])) == [0, 1, 2, 3]
+    frame.loc[2, "acc"] = 0.4  # now dominated by trial 0 overall, but still on method b's own frontier
+    assert list(data.frontier_numbers(frame, ["acc", "size_bytes"], ["maximize", "minimize"])) == [0, 1, 3]
+    assert list(data.frontier_numbers(frame, ["acc", "size_bytes"], ["maximize", "minimize"], "methods")) == [0, 1, 2, 3]
+
+
+def test_reproduce_fixes_choices_and_searched_params():
+    pipeline = {
+        "name": "p",
+        "stages": [{"method": "magnitude", "params": {"sparsity": {"low": 0.1, "high": 0.9}}},
+                   {"id": "q", "choice": [{"method": "rtn", "params": {"bits": [2, 4]}}, {"method": "none"}]}],
+        "search": {"sampler": "nsga2", "trials": 30, "population_size": 8},
+    }
+    out = reproduce_pipeline(pipeline, {"magnitude.sparsity": 0.3, "q.method": "rtn", "rtn.bits": 4}, study="p", number=5)
+    assert out["stages"] == [{"method": "magnitude", "params": {"sparsity": 0.3}}, {"method": "rtn", "id": "q", "params": {"bits": 4}}]
+    assert out["name"] == "p-trial5" and out["search"] == {"sampler": "random", "trials": 1}
+    none = reproduce_pipeline(pipeline, {"magnitude.sparsity": 0.3, "q.method": "none"}, study="p", number=6)
+    assert none["stages"][1] == {"method": "none", "id": "q"}
+
+
+@pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<?xml")])
+def test_frontier_image_without_a_browser(fixture_home, fmt, magic):
+    stores = resolve_stores(home=str(fixture_home))
+    table = data.load_trials(stores.optuna_url, "demo")
+    front = table.frontier(["ppl", "size_bytes"], ["minimize", "minimize"])
+    plot = frontier_points(table.complete(), front, x="ppl", y="size_bytes", directions=("minimize", "minimize"), param_columns=table.param_columns)
+    assert frontier_image(plot, fmt).startswith(magic)
+    csv = plot.csv().splitlines()
+    assert csv[0].startswith("number,ppl,size_bytes,methods,simulated") and len(csv) == 1 + len(front)
+
+
+def test_categorical_params_of_mixed_types_come_back_as_given(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    dist = {"c": CategoricalDistribution([None, 2, "x", 1.5])}
+    study.add_trials([create_trial(params={"c": v}, distributions=dist, value=1.0) for v in (None, 2, "x", 1.5)])
+    table = data.load_trials(url, "s")
+    assert table.frame["param:c"].tolist() == [None, 2, "x", 1.5]
