@@ -33,6 +33,11 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.incremental_bpe",
     "paretolab.plugins.wanda",
     "paretolab.plugins.macko",
+    "paretolab.plugins.cat",
+    "paretolab.plugins.catq",
+    "paretolab.plugins.psumquant",
+    "paretolab.plugins.layerdrop",
+    "paretolab.plugins.depth_probe",
 )
 
 

@@ -23,6 +23,7 @@ class TensorStorage:
     scale_bits: int = 16
     sparse: bool = False
     stored_bytes: int | None = None
+    flat_groups: bool = False  # groups run over the flattened tensor, across rows (e.g. CAT-Q)
 
     def with_(self, **changes: object) -> TensorStorage:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -39,7 +40,9 @@ class TensorStorage:
         else:
             kept = numel
             bits = numel * bits_per_value
-        if self.group_size:  # groups run along the last (input) dimension; a short last group still has a scale
+        if self.group_size and self.flat_groups:
+            bits += math.ceil(numel / self.group_size) * self.scale_bits
+        elif self.group_size:  # groups run along the last (input) dimension; a short last group still has a scale
             cols = tensor.shape[-1] if tensor.dim() else 1
             bits += (numel // max(cols, 1)) * math.ceil(cols / self.group_size) * self.scale_bits
         return math.ceil(bits / 8)

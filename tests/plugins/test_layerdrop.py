@@ -1,0 +1,103 @@
+"""layerdrop: remove whole decoder layers by representation shift, at random, or by block influence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from paretolab import TrialContext
+from paretolab.errors import ConfigError
+from paretolab.generation import greedy_decode
+from paretolab.method import validate_method
+from paretolab.models import TinyLlama
+from paretolab.plugins import layerdrop
+from paretolab.plugins.layerdrop import SCORES, LayerDrop, representation_shift
+from paretolab.subject import Subject
+
+SMALL = {"calib_samples": 4, "calib_seq_len": 48}
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> TrialContext:
+    return TrialContext(seed=0, workdir=tmp_path / "trial")
+
+
+@pytest.fixture(scope="module")
+def tiny6() -> Subject:
+    return TinyLlama(layers=6).load()
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_removes_exactly_k_layers_and_renumbers_them(tiny6: Subject, ctx: TrialContext, score: str) -> None:
+    before = sum(p.numel() for p in tiny6.model.parameters())
+    per_layer = sum(p.numel() for p in tiny6.model.model.layers[0].parameters())
+    subject = LayerDrop().transform(tiny6.copy(), {"k": 2, "score": score, **SMALL}, ctx)
+    model = subject.model
+    assert len(model.model.layers) == 4 == model.config.num_hidden_layers
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1, 2, 3]
+    info = subject.info["layerdrop"]
+    assert len(info["dropped"]) == 2 and sorted(info["dropped"] + info["kept"]) == list(range(6))
+    assert sum(p.numel() for p in model.parameters()) == before - 2 * per_layer
+
+
+@pytest.mark.parametrize("score", ["shift", "block_influence"])
+def test_pruned_model_generates_with_the_kv_cache(tiny6: Subject, ctx: TrialContext, score: str) -> None:
+    model = LayerDrop().transform(tiny6.copy(), {"k": 3, "score": score, **SMALL}, ctx).model
+    prompt = torch.randint(0, 250, (1, 10), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out = model(input_ids=prompt[:, :-1], use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values  # transformers 5 renamed it
+        step = {"cache": cache} if hasattr(out, "cache") else {"past_key_values": cache}
+        assert cache.get_seq_length() == 9
+        cached = model(input_ids=prompt[:, -1:], use_cache=True, **step).logits[:, -1]
+        full = model(input_ids=prompt, use_cache=False).logits[:, -1]
+    assert torch.allclose(cached, full, atol=1e-4)
+    assert greedy_decode(model, prompt, 5).shape == (1, 5)
+
+
+def test_block_influence_drops_the_lowest_shift_layers(tiny6: Subject, ctx: TrialContext) -> None:
+    ids = ctx.calibration_ids(tiny6.tokenizer, n_samples=4, seq_len=48)
+    shifts = representation_shift(tiny6.model, ids)
+    subject = LayerDrop().transform(tiny6.copy(), {"k": 2, "score": "block_influence", **SMALL}, ctx)
+    assert subject.info["layerdrop"]["dropped"] == sorted(torch.argsort(shifts)[:2].tolist())
+
+
+def test_greedy_shift_starts_with_the_lowest_shift_layer(tiny6: Subject, ctx: TrialContext) -> None:
+    ids = ctx.calibration_ids(tiny6.tokenizer, n_samples=4, seq_len=48)
+    lowest = int(torch.argmin(representation_shift(tiny6.model, ids)))
+    subject = LayerDrop().transform(tiny6.copy(), {"k": 1, "score": "shift", **SMALL}, ctx)
+    assert subject.info["layerdrop"]["dropped"] == [lowest]
+
+
+def test_storage_records_follow_the_renumbered_layers(tiny6: Subject, ctx: TrialContext) -> None:
+    subject = tiny6.copy()
+    for i in range(6):
+        subject.set_storage(f"model.layers.{i}.mlp.up_proj.weight", value_bits=i + 2)
+    subject = LayerDrop().transform(subject, {"k": 2, "score": "random"}, ctx)
+    kept = subject.info["layerdrop"]["kept"]
+    bits = [subject.storage_of(f"model.layers.{i}.mlp.up_proj.weight").value_bits for i in range(4)]
+    assert bits == [old + 2 for old in kept]
+    assert "model.layers.5.mlp.up_proj.weight" not in subject.storage
+
+
+def test_random_is_seeded_by_the_trial(tiny6: Subject, tmp_path: Path) -> None:
+    def dropped(seed: int) -> list[int]:
+        ctx = TrialContext(seed=seed, workdir=tmp_path)
+        return LayerDrop().transform(tiny6.copy(), {"k": 3, "score": "random"}, ctx).info["layerdrop"]["dropped"]
+
+    assert dropped(1) == dropped(1)
+
+
+@pytest.mark.parametrize("bad", [{"k": 6}, {"k": -1}, {"score": "entropy"}])
+def test_bad_params_raise_config_errors(tiny6: Subject, ctx: TrialContext, bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="layerdrop"):
+        LayerDrop().transform(tiny6.copy(), {**SMALL, **bad}, ctx)
+
+
+def test_registers_a_real_cost_method() -> None:
+    methods: list[object] = []
+    layerdrop.register_methods(methods.append)
+    validate_method(methods[0], "test")
+    assert methods[0].cost_is == "real"  # type: ignore[attr-defined]
