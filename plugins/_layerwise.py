@@ -87,8 +87,8 @@ def first_layer_inputs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch
     return seen["hidden"].detach(), seen["kwargs"]
 
 
-def slice_kwargs(kwargs: dict[str, Any], index: slice, batch: int) -> dict[str, Any]:
-    """``kwargs`` with every tensor whose leading dim is the calibration batch sliced by ``index``."""
+def select_kwargs(kwargs: dict[str, Any], index: slice | torch.Tensor, batch: int) -> dict[str, Any]:
+    """``kwargs`` with every tensor whose leading dim is the calibration batch indexed by ``index``."""
 
     def cut(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch and batch > 1:
@@ -113,5 +113,5 @@ def layer_outputs(layer: torch.nn.Module, hidden: torch.Tensor, kwargs: dict[str
     with torch.no_grad():
         for start in range(0, n, batch_size):
             index = slice(start, min(start + batch_size, n))
-            outs.append(run_layer(layer, hidden[index], slice_kwargs(kwargs, index, n)))
+            outs.append(run_layer(layer, hidden[index], select_kwargs(kwargs, index, n)))
     return torch.cat(outs)

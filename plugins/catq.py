@@ -35,7 +35,7 @@ from optuna.distributions import IntDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers, first_layer_inputs, layer_outputs
+from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers, first_layer_inputs, layer_outputs, select_kwargs
 from paretolab.plugins.baselines import linear_weights
 from paretolab.subject import Subject
 
@@ -129,7 +129,7 @@ def fit_layer(
         for step in range(steps):
             idx = torch.randperm(n, generator=generator)[: min(batch_samples, n)]
             sharp = sharpness_at(step, steps, soft_fraction=soft_fraction, k_start=k_start, k_end=k_end)
-            out = torch.func.functional_call(layer, weights(sharp), (inputs[idx],), _index_kwargs(kwargs, idx, n))
+            out = torch.func.functional_call(layer, weights(sharp), (inputs[idx],), select_kwargs(kwargs, idx, n))
             out = out[0] if isinstance(out, tuple) else out
             loss = torch.nn.functional.mse_loss(out, targets[idx])
             optimizer.zero_grad()
@@ -140,18 +140,6 @@ def fit_layer(
         for p, flag in zip(layer.parameters(), flags):
             p.requires_grad_(flag)
     return {"mse_init": before, "mse": after}
-
-
-def _index_kwargs(kwargs: dict[str, Any], idx: torch.Tensor, n: int) -> dict[str, Any]:
-    """``kwargs`` with every tensor whose leading dim is the calibration batch indexed by ``idx``."""
-    def pick(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n and n > 1:
-            return value[idx]
-        if isinstance(value, tuple):
-            return tuple(pick(v) for v in value)
-        return value
-
-    return {k: pick(v) for k, v in kwargs.items()}
 
 
 def _bake(linears: dict[str, torch.nn.Linear], weights: dict[str, torch.Tensor]) -> None:
