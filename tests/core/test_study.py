@@ -105,7 +105,7 @@ def test_third_party_plugin_is_listed_and_autoload_can_turn_it_off(tmp_path, wit
     listed = run_cli("plugins", cwd=tmp_path).stdout
     assert "noise  [weights, cost simulated]  from testplugin" in listed
     off = run_cli("plugins", cwd=tmp_path, env={"PARETOLAB_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
-    assert "noise" not in off and "magnitude" in off
+    assert "  noise  [" not in off and "  magnitude  [" in off
     pipeline = write_pipeline(tmp_path, name="third", stages=[{"method": "noise"}])
     refused = run_cli("run", str(pipeline), cwd=tmp_path, env={"PARETOLAB_DISABLE_PLUGIN_AUTOLOAD": "1"}, check=False)
     assert refused.returncode == 2 and "unknown method 'noise'" in refused.stderr
