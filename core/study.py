@@ -278,6 +278,9 @@ def _init_ray(address: str | None) -> None:
     if address:
         kwargs["address"] = address
     else:
+        # A private local instance: never attach silently to another cluster that `ray start`
+        # left on this machine (plain ray.init() would, via /tmp/ray/ray_current_cluster).
+        kwargs["address"] = "local"
         kwargs["include_dashboard"] = False
     try:
         ray.init(**kwargs)

@@ -69,12 +69,53 @@ def ray_head(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-           "--include-dashboard=false", "--disable-usage-stats"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ray start failed:\n{proc.stdout}\n{proc.stderr}")
+           "--include-dashboard=false", "--disable-usage-stats", "--block"]
+    # --block keeps `ray start` in the foreground as the parent of this cluster's processes, so the
+    # teardown stops exactly this cluster (`ray stop` would kill every Ray on the machine).
+    head = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for_line(head, "Ray runtime started", timeout=180)
     yield f"127.0.0.1:{port}"
-    subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+    stop_process_group(head)
+
+
+def _wait_for_line(proc: subprocess.Popen, marker: str, timeout: float) -> None:
+    """Read ``proc``'s output until a line contains ``marker`` (then drain the rest in a thread)."""
+    import threading
+
+    lines: list[str] = []
+    found = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                found.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not found.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process_group(proc)
+            raise RuntimeError(f"{' '.join(proc.args[:3])} did not print {marker!r}:\n{''.join(lines)}")
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM the process group ``proc`` leads; SIGKILL it if anything is left after ``grace`` s."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader so an empty group reads as gone
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
