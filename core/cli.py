@@ -27,6 +27,9 @@ def _store_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tracking-uri", help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
 
 
+REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,prefill_ms,decode_tok_s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paretolab",
@@ -74,12 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(frontier)
     frontier.set_defaults(func=cmd_frontier)
 
-    report = sub.add_parser("report", help="each method's own Pareto set, as a Markdown table", description=(
+    report = sub.add_parser("report", help="method-vs-baseline tables of studies, as Markdown", description=(
         "For each study, group complete trials by method (the stages that ran, e.g. 'wanda+rtn') and print "
-        "each method's own non-dominated trials with the chosen metrics: the method-vs-baseline table."
+        "each method's own non-dominated trials (or every trial with --trials all) with the chosen metrics; "
+        "with an unmodified-model trial ('none') the first objective is also shown relative to it. "
+        "Metric columns no trial reported are left out. --output writes a whole Markdown document, "
+        "e.g. `paretolab report wanda_vs_magnitude macko --trials all --output pipelines/README.md`."
     ))
     report.add_argument("studies", nargs="+", help="study names")
-    report.add_argument("--metrics", default="ppl,size_bytes,prefill_ms", help="comma-separated metric columns (default ppl,size_bytes,prefill_ms)")
+    report.add_argument("--metrics", default=REPORT_METRICS, help=f"comma-separated metric columns (default {REPORT_METRICS})")
+    report.add_argument("--trials", choices=("frontier", "all"), default="frontier", help="each method's Pareto set (default) or every complete trial")
+    report.add_argument("--output", metavar="FILE", help="write a Markdown document to FILE instead of printing the tables")
     _store_flags(report)
     report.set_defaults(func=cmd_report)
 
@@ -143,14 +151,30 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from paretolab.report import markdown_table, method_frontiers
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from paretolab.report import study_section
 
     stores = _stores(args)
-    columns = ["method", *[m.strip() for m in args.metrics.split(",") if m.strip()], "params", "trial"]
-    for name in args.studies:
-        print(f"### {name}\n")
-        print(markdown_table(method_frontiers(name, stores), columns))
-        print()
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    sections = [study_section(name, stores, metrics, frontier=args.trials == "frontier") for name in args.studies]
+    if not args.output:
+        print("\n".join(sections))
+        return 0
+    command = "paretolab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    head = [
+        "# Results of the pipelines",
+        "",
+        f"Generated from the stored studies by `{command}`; not edited by hand. Rerun that command",
+        "after the studies change. `cost` says whether a saving is real (a stored format or a kernel",
+        "that runs) or simulated (fake quantization, masks); latency columns are measured on the machine",
+        "that ran the study, so compare them within a table, not across machines.",
+        "",
+    ]
+    Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")
+    print(f"wrote {args.output} ({len(sections)} studies)")
     return 0
 
 

@@ -115,14 +115,57 @@ def method_label(params: dict[str, str]) -> str:
 
 def method_frontiers(name: str, stores: Stores) -> list[dict[str, Any]]:
     """Each method's own Pareto set on the study's objectives: the cross-method comparison."""
-    objectives, rows = trial_table(name, stores)
+    return _per_method(*trial_table(name, stores), frontier=True)
+
+
+def _per_method(objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool) -> list[dict[str, Any]]:
+    """Rows grouped by method (sorted by the last objective); only each method's Pareto set when ``frontier``."""
     directions = [d for _, d in objectives]
     out = []
     for label in sorted({r["method"] for r in rows}):
         mine = [r for r in rows if r["method"] == label]
-        front = pareto_indices([[r[m] for m, _ in objectives] for r in mine], directions)
-        out.extend(sorted((mine[i] for i in front), key=lambda r: r[objectives[-1][0]]))
+        keep = pareto_indices([[r[m] for m, _ in objectives] for r in mine], directions) if frontier else range(len(mine))
+        out.extend(sorted((mine[i] for i in keep), key=lambda r: (r[objectives[-1][0]], r[objectives[0][0]])))
     return out
+
+
+def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bool = True) -> str:
+    """One study as Markdown: what ran (model, task, trial counts) and the method-vs-baseline table.
+
+    Metric columns that no trial reported are left out. When the study has an unmodified-model
+    trial (method ``none``), each row's first objective is also given relative to it.
+    """
+    study = load_study(name, stores)
+    objectives, rows = trial_table(name, stores)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    pipeline = study.user_attrs.get("pipeline") or {}
+    task = pipeline.get("task", "")
+    if isinstance(task, dict):
+        task = f"{task.get('name', '')} ({', '.join(f'{k}={v}' for k, v in task.items() if k != 'name')})"
+    failed = sum(s == optuna.trial.TrialState.FAIL for s in states)
+    lines = [
+        f"## {name}",
+        "",
+        f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
+        + ", ".join(f"{m} ({d})" for m, d in objectives)
+        + f"; {len(rows)} complete trial(s), {failed} failed.",
+        "",
+    ]
+    if not rows:
+        return "\n".join([*lines, "No complete trials yet.", ""])
+    shown = _per_method(objectives, rows, frontier=frontier)
+    columns = ["method", "params", *[m for m in metrics if any(m in r for r in shown)]]
+    first = objectives[0][0]
+    dense = [r[first] for r in rows if r["method"] == "none"]
+    if dense and dense[0]:
+        ratio = f"{first} ÷ none"
+        for r in shown:
+            r[ratio] = r[first] / dense[0]
+        columns.insert(columns.index(first) + 1 if first in columns else len(columns), ratio)
+    for r in shown:
+        r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), ""]
+    return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -69,10 +69,17 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
     ppls = [row["ppl"] for row in frontier]
     assert ppls == sorted(ppls) and sizes == sorted(sizes, reverse=True)  # a frontier trades one for the other
 
-    table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes", cwd=tmp_path).stdout.splitlines()
-    assert table[2] == "| method | ppl | size_bytes | params | trial |"
-    labels = {line.split("|")[1].strip() for line in table[4:] if line.startswith("|")}
+    table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes,sqnr_db", cwd=tmp_path).stdout.splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("| method"))
+    assert table[header] == "| method | params | ppl | size_bytes | cost | trial |"  # no trial reported sqnr_db
+    labels = {line.split("|")[1].strip() for line in table[header + 2:] if line.startswith("|")}
     assert labels and labels <= {"magnitude", "magnitude+rtn"}
+    # a whole document with every complete trial, saying which command made it
+    run_cli("report", "smoke", "--trials", "all", "--output", "RESULTS.md", cwd=tmp_path)
+    doc = (tmp_path / "RESULTS.md").read_text()
+    assert "`paretolab report smoke --trials all --output RESULTS.md`" in doc and "6 complete trial(s), 0 failed" in doc
+    rows = [line for line in doc.splitlines() if line.startswith("| magnitude")]
+    assert len(rows) == 6 and all("simulated (magnitude" in row for row in rows)
 
 
 def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray_head, with_testplugin):
