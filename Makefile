@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast results clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ test: $(STAMP)  ## the whole test suite (slow tests included)
 
 test-fast: $(STAMP)  ## the suite without slow tests
 	$(BIN)/python -m pytest -m "not slow"
+
+# The compression claim checks (issue 4): each pipeline runs as a study (resumable), then the
+# results table pipelines/README.md is regenerated from the stored studies.
+CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize
+results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 2 CPU cores) and write pipelines/README.md
+	$(BIN)/paretolab models pull smollm2-135m
+	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(CLAIMS) --trials all --output pipelines/README.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info
