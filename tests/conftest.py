@@ -23,9 +23,18 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture
 def tiny():
+    """A fresh tiny-llama subject (random weights, byte tokenizer): for mechanics, not claims."""
     from paretolab.models import TinyLlama
 
     return TinyLlama().load()
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    """A trial context with seed 0 and a workdir of its own."""
+    from paretolab.context import TrialContext
+
+    return TrialContext(seed=0, workdir=tmp_path / "trial")
 
 
 @pytest.fixture(scope="session")

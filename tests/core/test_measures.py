@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 
-from paretolab.context import TrialContext
 from paretolab.measures import Latency, LatencyOptions, NoOptions, ParamCount, Size
 from paretolab.plugins.baselines import RTN, Magnitude, linear_weights
-
-
-@pytest.fixture
-def ctx(tmp_path):
-    return TrialContext(seed=0, workdir=tmp_path)
 
 
 def test_dense_size_is_four_bytes_per_distinct_param(tiny, ctx):

@@ -8,15 +8,9 @@ import math
 import pytest
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.data import encode, load_corpus, PYDOC_SHA256
 from paretolab.errors import ConfigError
 from paretolab.tasks import MultipleChoice, MultipleChoiceOptions, Perplexity, PerplexityOptions, corpus_ids
-
-
-@pytest.fixture
-def ctx(tmp_path):
-    return TrialContext(seed=0, workdir=tmp_path)
 
 
 def direct_nll(model, ids):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,22 +10,11 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.method import validate_method
-from paretolab.models import TinyLlama
 from paretolab.plugins import cat
 from paretolab.plugins.cat import CAT, CATLinear, block_gram, block_size_for, cat_blocks, hadamard, sqnr_db
 from paretolab.subject import Subject
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 64}
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Subject:
-    return TinyLlama().load()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +10,6 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.method import validate_method
-from paretolab.models import TinyLlama
 from paretolab.plugins import catq
 from paretolab.plugins._layerwise import decoder_layers, first_layer_inputs, layer_outputs
 from paretolab.plugins.baselines import linear_weights
@@ -20,16 +18,6 @@ from paretolab.subject import Subject
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 48, "steps": 12}
 TERNARY_BITS = 2 + 16 / 128
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Subject:
-    return TinyLlama().load()
 
 
 def assert_ternary_per_group(weight: torch.Tensor, group: int = 128) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +15,6 @@ from paretolab.plugins import depth_probe
 from paretolab.plugins.depth_probe import DepthProbe, DepthProbeOptions, fit_inverse_depth, layer_cross_entropy
 from paretolab.subject import Subject
 from paretolab.tasks import corpus_ids
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
 
 
 @pytest.fixture(scope="module")

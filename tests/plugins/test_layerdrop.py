@@ -19,11 +19,6 @@ from paretolab.subject import Subject
 SMALL = {"calib_samples": 4, "calib_seq_len": 48}
 
 
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
 @pytest.fixture(scope="module")
 def tiny6() -> Subject:
     return TinyLlama(layers=6).load()

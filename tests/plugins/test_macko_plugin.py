@@ -13,7 +13,6 @@ from paretolab.errors import ConfigError
 from paretolab.kernels.macko import macko_spmv_ref
 from paretolab.method import validate_method
 from paretolab.metrics import Metric
-from paretolab.models import TinyLlama
 from paretolab.plugins import macko
 from paretolab.plugins.baselines import Magnitude, linear_weights
 from paretolab.plugins.macko import Macko, MackoLinear
@@ -25,20 +24,10 @@ CALIB_TEXT = "Sparse rows keep their largest scores; the format keeps four bits 
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
-@pytest.fixture
 def calib(tmp_path: Path) -> dict[str, object]:
     path = tmp_path / "calib.txt"
     path.write_text(CALIB_TEXT, encoding="utf-8")
     return {"calib_corpus": str(path), "calib_samples": 4, "calib_seq_len": 32}
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Subject:
-    return TinyLlama().load()
 
 
 def macko_layers(subject: Subject) -> dict[str, MackoLinear]:

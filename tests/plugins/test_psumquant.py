@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,22 +10,11 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.method import validate_method
-from paretolab.models import TinyLlama
 from paretolab.plugins import psumquant
 from paretolab.plugins.psumquant import PsumLinear, PsumQuant, fit_psum_linear, tile_features, tile_psums
 from paretolab.subject import Subject
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 64, "fit_tokens": 128, "sqnr_tokens": 64}
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Subject:
-    return TinyLlama().load()
 
 
 def varying_crest_inputs(n: int, k: int, gen: torch.Generator) -> torch.Tensor:

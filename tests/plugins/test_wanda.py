@@ -10,7 +10,6 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.method import validate_method
-from paretolab.models import TinyLlama
 from paretolab.plugins import wanda
 from paretolab.plugins.baselines import Magnitude, linear_weights
 from paretolab.plugins.wanda import Wanda, activation_norms, mask_lowest, wanda_mask
@@ -21,20 +20,10 @@ CALIB_TEXT = "The quick brown fox jumps over the lazy dog while the compiler che
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
-    return TrialContext(seed=0, workdir=tmp_path / "trial")
-
-
-@pytest.fixture
 def calib_file(tmp_path: Path) -> str:
     path = tmp_path / "calib.txt"
     path.write_text(CALIB_TEXT, encoding="utf-8")
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Subject:
-    return TinyLlama().load()
 
 
 def small_params(calib_file: str, **extra: object) -> dict[str, object]:
