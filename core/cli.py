@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
     run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
     run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
+    run.add_argument("--retry-failed", action="store_true", help="with --resume: run the parameters of failed trials again (e.g. after a crash killed them)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
     _store_flags(run)
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.pipeline)
     stores = _stores(args)
-    outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, progress=not args.no_progress)
+    outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed, progress=not args.no_progress)
     rows = frontier_rows(spec.name, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))

@@ -59,10 +59,15 @@ def run_study(
     address: str | None = None,
     resume: bool = False,
     trials: int | None = None,
+    retry_failed: bool = False,
     progress: bool = True,
     log: Any = print,
 ) -> StudyOutcome:
-    """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed)."""
+    """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed).
+
+    ``retry_failed`` queues the parameters of failed trials again (those no complete trial has),
+    as new trials on top of the target; the failed ones stay in the history.
+    """
     _ray_auth_env(address)
     import ray
 
@@ -80,6 +85,12 @@ def run_study(
 
     redo = _stale_trials(study, tracker, spec, outcome, log)
     done = _finished_count(study)
+    if retry_failed:
+        again = _requeue_failed(study)
+        if again:
+            target = max(target, done) + again
+            outcome.planned = target
+            log(f"retrying the parameters of {again} failed trial(s)")
     if done >= target and not redo:
         log(f"study {spec.name!r} already has {done} finished trials (target {target}); nothing to do")
         return outcome
@@ -243,6 +254,24 @@ def _stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, outcome: S
     if redo:
         log(f"resuming {len(redo)} unfinished trial(s): {', '.join(str(t.number) for t, _ in redo)}")
     return redo
+
+
+def _requeue_failed(study: optuna.Study) -> int:
+    """Enqueue the params of each failed trial that no complete or waiting trial has; how many."""
+    trials = study.get_trials(deepcopy=False)
+    seen = {_key(t.params) for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+    seen |= {_key(t.system_attrs.get("fixed_params", {})) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+    count = 0
+    for t in trials:
+        if t.state == optuna.trial.TrialState.FAIL and t.params and _key(t.params) not in seen:
+            study.enqueue_trial(dict(t.params))
+            seen.add(_key(t.params))
+            count += 1
+    return count
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def _finished_count(study: optuna.Study) -> int:

@@ -32,3 +32,21 @@ def test_a_trial_logged_to_mlflow_but_not_told_is_recovered_not_rerun(tmp_path):
     assert tracker.client.get_run(half_run.info.run_id).info.lifecycle_stage == "deleted"  # half-written: dropped
     # the redone trial keeps the parameters it was given before the crash
     assert plan_trial(redo[0][0], spec) == plan_trial(optuna.trial.FixedTrial(study.trials[lost.number].params), spec)
+
+
+def test_retry_failed_queues_each_failed_parameter_set_once(tmp_path):
+    from paretolab.study import _requeue_failed
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    dist = {"rtn.bits": optuna.distributions.CategoricalDistribution([2, 4, 8])}
+
+    for bits, ok in [(2, True), (2, False), (4, False), (8, False), (8, False)]:
+        study.enqueue_trial({"rtn.bits": bits})
+        trial = study.ask(dist)
+        if ok:
+            study.tell(trial, [1.0, 2.0])
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    assert _requeue_failed(study) == 2  # 4 and 8; 2 already has a complete trial
+    assert _requeue_failed(study) == 0  # already waiting: not queued twice
+    assert sorted(study.ask(dist).params["rtn.bits"] for _ in range(2)) == [4, 8]
