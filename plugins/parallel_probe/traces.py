@@ -90,7 +90,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     digest.update(json.dumps(config.to_dict() if config is not None else {}, sort_keys=True, default=str).encode())
     for name, tensor in model.state_dict().items():
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place, no copy
     return digest.hexdigest()
 
 
