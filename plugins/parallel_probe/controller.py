@@ -155,8 +155,9 @@ def parallel_probe(branches: Sequence[Branch], params: ProbeParams) -> Outcome:
             winner = majority([current[i] for i in active])
         stable = stable + 1 if winner == previous else 0
         previous = winner
-        if stable >= params.consensus:
-            return Outcome(winner, costs, current, holds, pruned, taken, early_stop=True)
+        if stable >= params.consensus:  # early only if some branch is cut short
+            cut = not all(f or p for f, p in zip(finished, pruned))
+            return Outcome(winner, costs, current, holds, pruned, taken, early_stop=cut)
         if all(f or p for f, p in zip(finished, pruned)):
             return Outcome(winner, costs, current, holds, pruned, taken)
         step += 1
