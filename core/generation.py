@@ -1,25 +1,39 @@
-"""Generation: the interface decoding methods implement, and the default greedy policy.
+"""Generation: the interface decoding methods implement, and the default batched greedy policy.
 
-A subject's ``generator`` decides how text is produced; ``None`` means plain greedy decoding.
-Generation tasks call :func:`generate`, which dispatches to the subject's generator, so a
-decoding method (speculative drafting, early-stopped branches, ...) changes how tokens are
-produced without touching the task that scores them.
+A subject's ``generator`` decides how text is produced; ``None`` means batched greedy decoding
+(:class:`BatchedGenerator`, on the KV-cached loop in :mod:`paretolab.decoding`). Generation
+tasks call :func:`generate`, which dispatches to the subject's generator, so a decoding method
+(speculative drafting, early-stopped branches, ...) changes how tokens are produced without
+touching the task that scores them.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from paretolab.decoding import BatchDecoder, Sampling, TokenChooser, forward_with_cache
+from paretolab.errors import ConfigError
 
 if TYPE_CHECKING:
     from paretolab.context import TrialContext
     from paretolab.subject import Subject
+
+__all__ = [
+    "BatchedGenerator",
+    "Generation",
+    "Generator",
+    "GreedyGenerator",
+    "Sampling",
+    "decode_batch",
+    "forward_with_cache",
+    "generate",
+    "greedy_decode",
+]
 
 
 @dataclass
@@ -28,9 +42,11 @@ class Generation:
 
     ``sequences[i]`` holds the new token ids for prompt ``i`` (a stop token, when hit, is the
     last id). ``tokens_total`` counts every token the target model emitted across sequences;
-    ``tokens_sequential`` counts sequential target decode steps (what latency follows: a batch
-    of N branches decoded together for L steps is N*L total but L sequential). ``stats`` carries
-    method-specific numbers (e.g. ``mean_accepted_len``) reported as metrics.
+    ``tokens_sequential`` adds, over prompts, the target decode steps each prompt needed one
+    after another (what latency follows: N branches of one prompt decoded together for L steps
+    are N*L total but L sequential; independent prompts sharing a batch each count their own
+    length). ``stats`` carries method-specific numbers (e.g. ``mean_accepted_len``) reported as
+    metrics; each key must be a registered metric.
     """
 
     sequences: list[list[int]]
@@ -63,13 +79,92 @@ def generate(
     stop_ids: Sequence[int] = (),
     ctx: TrialContext | None = None,
 ) -> Generation:
-    """Generate with the subject's generator, or greedily when it has none."""
-    generator = subject.generator if subject.generator is not None else GreedyGenerator()
+    """Generate with the subject's generator, or with the batched greedy loop when it has none."""
+    generator = subject.generator if subject.generator is not None else BatchedGenerator()
     return generator.generate(subject, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, ctx=ctx)
 
 
+class BatchedGenerator:
+    """The default: prompts decoded ``batch_size`` at a time with one KV cache (left padding).
+
+    Greedy unless ``sampling`` says otherwise (seeded temperature / top-p, one random stream per
+    prompt, so prompt i gets the same tokens whatever batch it lands in). A row stops at a stop
+    id or ``max_new_tokens`` and leaves the batch.
+    """
+
+    def __init__(self, *, batch_size: int = 16, sampling: Sampling | None = None) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.sampling = sampling or Sampling()
+
+    def generate(
+        self,
+        subject: Subject,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        stop_ids: Sequence[int] = (),
+        ctx: TrialContext | None = None,
+    ) -> Generation:
+        chooser = TokenChooser(self.sampling, len(prompts))
+        out = Generation([], 0, 0, 0.0, 0.0)
+        for first in range(0, len(prompts), self.batch_size):
+            chunk = prompts[first : first + self.batch_size]
+            part = decode_batch(
+                subject.model, chunk, max_new_tokens=max_new_tokens, stop_ids=stop_ids, chooser=chooser,
+                row_ids=range(first, first + len(chunk)),
+            )
+            out.sequences.extend(part.sequences)
+            out.tokens_total += part.tokens_total
+            out.tokens_sequential += part.tokens_sequential
+            out.prefill_s += part.prefill_s
+            out.decode_s += part.decode_s
+        return out
+
+
+def decode_batch(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    chooser: TokenChooser | None = None,
+    row_ids: Sequence[int] | None = None,
+) -> Generation:
+    """Decode all ``prompts`` as one batch until each hits a stop id or ``max_new_tokens``.
+
+    ``row_ids[i]`` names prompt i's random stream in ``chooser`` (default: its index).
+    """
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    live = list(row_ids if row_ids is not None else range(len(prompts)))  # stream id of each batch row
+    chooser = chooser or TokenChooser(Sampling(), max(live, default=0) + 1)
+    slot = {r: i for i, r in enumerate(live)}
+    sequences: list[list[int]] = [[] for _ in prompts]
+    stop = set(stop_ids)
+    decoder = BatchDecoder(model)
+    logits = decoder.prefill(prompts)
+    while True:
+        next_ids = chooser.choose(logits, live)
+        keep = []
+        for b, (row, token) in enumerate(zip(live, next_ids.tolist())):
+            sequences[slot[row]].append(token)
+            if token not in stop and len(sequences[slot[row]]) < max_new_tokens:
+                keep.append(b)
+        if not keep:
+            break
+        if len(keep) < len(live):  # finished rows leave the batch and stop costing compute
+            decoder.select(keep)
+            next_ids = next_ids[keep]
+            live = [live[b] for b in keep]
+        logits = decoder.extend(next_ids)
+    total = sum(map(len, sequences))  # independent prompts: each one's own steps are sequential
+    return Generation(sequences, total, total, decoder.prefill_s, decoder.decode_s)
+
+
 class GreedyGenerator:
-    """Plain greedy decoding, one prompt at a time, with a KV cache."""
+    """Plain greedy decoding, one prompt at a time, with a KV cache (the reference for batched loops)."""
 
     def generate(
         self,
@@ -91,22 +186,6 @@ class GreedyGenerator:
             steps += len(new)
             sequences.append(new)
         return Generation(sequences, sum(map(len, sequences)), steps, prefill_s, decode_s)
-
-
-@lru_cache(maxsize=32)
-def _cache_argument(forward: Any) -> str:
-    # transformers 5.2x renamed `past_key_values` to `cache`; accept both releases.
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def forward_with_cache(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """One cached forward step: (logits, new cache)."""
-    name = _cache_argument(type(model).forward)
-    if cache is not None:
-        kwargs[name] = cache
-    out = model(input_ids=input_ids, use_cache=True, **kwargs)
-    new_cache = out.get("cache") if "cache" in out else out.get("past_key_values")
-    return out.logits, new_cache
 
 
 @torch.no_grad()
