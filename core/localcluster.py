@@ -65,6 +65,7 @@ class RayCluster:
     def env(self) -> dict[str, str]:
         """What a client needs (token, mode) plus the cluster's own settings; PATH leads to this Python."""
         return {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_raylet_start_wait_time_s": "120",  # a busy two-core machine registers nodes slowly
                 "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.env_extra}
 
     @property
@@ -76,10 +77,16 @@ class RayCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self) -> RayCluster:
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
-        self._ray_start("head", ["--head", f"--port={self.gcs_port}", f"--num-cpus={self.head_cpus}", f"--num-gpus={self.head_gpus}",
-                                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                                 f"--temp-dir={self.temp_dir}", f"--ray-client-server-port={free_port()}"])
+        for attempt in (1, 2):  # fresh ports for a second try
+            self.gcs_port, self.dashboard_port = free_port(), free_port()
+            try:
+                self._ray_start("head", ["--head", f"--port={self.gcs_port}", f"--num-cpus={self.head_cpus}", f"--num-gpus={self.head_gpus}",
+                                         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                                         f"--temp-dir={self.temp_dir}", f"--ray-client-server-port={free_port()}"])
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
         _wait(lambda: _http_ok(f"{self.jobs_url}/api/version", self.token), 120, "the Ray head's job API")
         return self
 
@@ -106,7 +113,10 @@ class RayCluster:
                 pass
             if "--head" in args:
                 break
-        self.stop()
+        if "--head" in args:
+            _kill_matching(self.temp_dir)  # what the failed head left; the caller may try again
+        else:
+            self.stop()
         raise RuntimeError(f"ray start ({name}) failed:\n{out[-3000:]}")
 
     def kill_node(self, name: str) -> None:
