@@ -17,6 +17,8 @@ EPILOG = """examples:
   paretolab plugins                               every method, task, measure and model
   paretolab models pull smollm2-135m              convert the default model once
   paretolab dashboard                             browse studies and frontiers on http://127.0.0.1:8501
+  paretolab submit pipelines/demo.yaml --address http://HEAD:8265   run the study as a job on a Ray cluster
+  paretolab jobs status JOB_ID --address http://HEAD:8265           follow it (list, status, logs, stop)
 """
 
 
@@ -53,6 +55,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
     _store_flags(run)
     run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="run a study as a job on a Ray cluster (Ray's job submission API)", description=(
+        "Validate the pipeline here, then submit its study to a Ray cluster as a job that carries the pipeline and "
+        "paretolab's code; prints the job id. The job runs `paretolab run PIPELINE --resume` on the cluster, so "
+        "submitting the same pipeline again finishes a study whose driver died. Stores: --storage/--tracking-uri "
+        "(without a password: Ray keeps a job's settings in clear), else the cluster nodes' own PARETOLAB_* settings. "
+        "A cluster with token authentication needs its token here: RAY_AUTH_TOKEN or ~/.ray/auth_token."
+    ))
+    submit.add_argument("pipeline", help="path to a pipeline YAML")
+    submit.add_argument("--address", help="the Ray head's dashboard URL, e.g. http://HEAD:8265 (env RAY_ADDRESS)")
+    submit.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    submit.add_argument("--storage", help="Optuna storage URL for the job (no password in it; see --help)")
+    submit.add_argument("--tracking-uri", help="MLflow tracking URI for the job (an MLflow server reachable from the cluster)")
+    submit.add_argument("--no-code", action="store_true", help="use the paretolab installed on the cluster instead of shipping this one")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = sub.add_parser("jobs", help="list, inspect, read the logs of, or stop Ray jobs")
+    jsub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    jsub.required = True
+    for action, text in (("list", "every job on the cluster, newest first"), ("status", "one job's status"),
+                         ("logs", "one job's driver output"), ("stop", "stop a job: its running trials are recorded as failed")):
+        jp = jsub.add_parser(action, help=text)
+        if action != "list":
+            jp.add_argument("job_id", help="the id `paretolab submit` printed")
+        jp.add_argument("--address", help="the Ray head's dashboard URL, e.g. http://HEAD:8265 (env RAY_ADDRESS)")
+        if action in ("list", "status"):
+            jp.add_argument("--json", action="store_true", help="machine-readable output")
+        if action == "stop":
+            jp.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to end (default 30; 0: do not wait)")
+        jp.set_defaults(func=cmd_jobs)
 
     plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
         "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
@@ -138,6 +170,47 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
         print_frontier(spec.name, rows)
     return 130 if outcome.interrupted else 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from paretolab.jobs import jobs_address, submit
+
+    done = submit(args.pipeline, address=args.address, trials=args.trials, storage=args.storage, tracking_uri=args.tracking_uri,
+                  ship_code=not args.no_code)
+    address = jobs_address(args.address)
+    print(done.job_id)
+    print(f"submitted study {done.study!r} to {address}; stores: {done.stores}", file=sys.stderr)
+    print(f"follow it: paretolab jobs status {done.job_id} --address {address}  (logs, stop)", file=sys.stderr)
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    import time
+
+    from paretolab import jobs
+
+    if args.jobs_command == "list":
+        rows = jobs.list_jobs(args.address)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        elif rows:
+            _table(rows, ["job_id", "status", "study", "message"])
+        else:
+            print("no jobs on this cluster yet: `paretolab submit PIPELINE --address ...` starts one")
+    elif args.jobs_command == "status":
+        row = jobs.job_status(args.address, args.job_id)
+        print(json.dumps(row, indent=2) if args.json else f"{row['job_id']}  {row['status']}  {row['study']}  {row['message']}")
+    elif args.jobs_command == "logs":
+        print(jobs.job_logs(args.address, args.job_id), end="")
+    else:
+        stopped = jobs.stop_job(args.address, args.job_id)
+        status = jobs.job_status(args.address, args.job_id)["status"]
+        deadline = time.monotonic() + args.wait
+        while stopped and status not in jobs.TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status = jobs.job_status(args.address, args.job_id)["status"]
+        print(f"{args.job_id}  {status}" + ("" if stopped else "  (it had already ended)"))
+    return 0
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:

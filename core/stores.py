@@ -1,4 +1,10 @@
-"""Where studies live: the Optuna storage URL and the MLflow tracking URI, from flags or environment."""
+"""Where studies live: the Optuna storage URL and the MLflow tracking URI, from flags, environment or config.
+
+Flags win over environment variables, which win over a config file (``PARETOLAB_CONFIG``, else
+``paretolab.yaml`` in the working directory), which wins over SQLite files under ``.paretolab/``.
+On a cluster: Optuna on PostgreSQL (any SQLAlchemy URL) and an MLflow tracking server. A password
+may sit in a URL, or come from libpq's own PGPASSWORD / ~/.pgpass; paretolab prints URLs redacted.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from paretolab.errors import ConfigError
 
 STORE_DIR_ENV = "PARETOLAB_HOME"
 OPTUNA_ENV = "PARETOLAB_OPTUNA_STORAGE"
 TRACKING_ENV = "PARETOLAB_TRACKING_URI"
+ARTIFACT_ENV = "PARETOLAB_ARTIFACT_ROOT"
+CONFIG_ENV = "PARETOLAB_CONFIG"
+CONFIG_FILE = "paretolab.yaml"
+CONFIG_KEYS = ("home", "optuna_storage", "tracking_uri", "artifact_root")
 
 
 @dataclass(frozen=True)
@@ -22,25 +35,47 @@ class Stores:
 
     def redacted(self) -> Stores:
         """The same URLs with any password replaced, for printing and logging."""
-        return Stores(redact(self.optuna_url), redact(self.tracking_uri), self.artifact_root)
+        return Stores(redact(self.optuna_url), redact(self.tracking_uri), self.artifact_root and redact(self.artifact_root))
 
 
 def resolve_stores(*, home: str | None = None, optuna_url: str | None = None, tracking_uri: str | None = None) -> Stores:
-    """Flags win over environment, which wins over the default SQLite files under ``.paretolab/``."""
-    root = Path(home or os.environ.get(STORE_DIR_ENV) or ".paretolab").expanduser().resolve()
-    optuna_url = optuna_url or os.environ.get(OPTUNA_ENV)
-    tracking_uri = tracking_uri or os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI")
-    artifact_root = None
+    """Flags win over environment, then the config file, then the default SQLite files under ``.paretolab/``."""
+    config = read_config()
+    root = Path(home or os.environ.get(STORE_DIR_ENV) or config.get("home") or ".paretolab").expanduser().resolve()
+    optuna_url = optuna_url or os.environ.get(OPTUNA_ENV) or config.get("optuna_storage")
+    tracking_uri = tracking_uri or os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI") or config.get("tracking_uri")
+    artifact_root = os.environ.get(ARTIFACT_ENV) or config.get("artifact_root")
     if not optuna_url or not tracking_uri:
         root.mkdir(parents=True, exist_ok=True)
     if not optuna_url:
         optuna_url = f"sqlite:///{root / 'optuna.db'}"
     if not tracking_uri:
         tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-        artifact_root = (root / "artifacts").as_uri()
+        artifact_root = artifact_root or (root / "artifacts").as_uri()
     return Stores(optuna_url=optuna_url, tracking_uri=tracking_uri, artifact_root=artifact_root)
 
 
+def read_config() -> dict[str, str]:
+    """The ``stores:`` mapping of the config file, if there is one."""
+    import yaml
+
+    named = os.environ.get(CONFIG_ENV)
+    path = Path(named).expanduser() if named else Path(CONFIG_FILE)
+    if not path.is_file():
+        if named:
+            raise ConfigError(f"{CONFIG_ENV}: no file at {path}; unset it or point it at a YAML file with a `stores:` mapping")
+        return {}
+    raw: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    stores = raw.get("stores", {}) if isinstance(raw, dict) else None
+    if not isinstance(stores, dict):
+        raise ConfigError(f"{path}: `stores` must be a mapping with keys {', '.join(CONFIG_KEYS)}")
+    unknown = sorted(set(stores) - set(CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) stores.{', stores.'.join(unknown)}; expected {', '.join(CONFIG_KEYS)}")
+    return {k: str(v) for k, v in stores.items() if v}
+
+
 def redact(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
-    return re.sub(r"(//[^:/@]+:)[^@]+@", r"\1***@", url)
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db`` (also ``?password=``)."""
+    url = re.sub(r"(//[^:/@]+:)[^/]*@", r"\1***@", url)  # greedy: a stray @ in the password stays hidden
+    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&]+", r"\1***", url)

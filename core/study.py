@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import optuna
 
 from paretolab.errors import ConfigError, ParetolabError
+from paretolab.pool import WorkerPool
 from paretolab.search import StagePlan, grid_points, make_sampler, plan_trial
 from paretolab.spec import StudySpec
 from paretolab.stores import Stores
@@ -97,43 +100,55 @@ def run_study(
 
     _init_ray(address)
     settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed)
-    worker_cls = _worker_class(spec)
-    n_workers = _worker_count(spec, target - done)
-    log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r}")
-    workers = [worker_cls.remote(spec.model, settings) for _ in range(n_workers)]
-    _wait_ready(workers)
+    pool = WorkerPool(spec.model, settings, spec.resources)
+    n_workers = pool.size_for(target - done)
+    shown = stores.redacted()
+    log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r} "
+        f"(Optuna {shown.optuna_url}, MLflow {shown.tracking_uri})")
+    try:
+        pool.start(n_workers)
+    except BaseException:
+        pool.shutdown()
+        raise
 
     tags = _trial_tags(spec, regs)
     in_flight: dict[Any, _Job] = {}
-    idle = list(workers)
     bar = _progress(progress, target, done, spec.name)
     start = time.perf_counter()
+    stop = _StopSignal()
+
+    def record(job: _Job, result: TrialResult, now: float) -> None:
+        nonlocal done
+        done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+        bar.update(1)
+
     try:
-        while True:
-            while idle and (redo or done + len(in_flight) < target):
+        while not stop.requested:
+            for problem in pool.poll():
+                log(problem)
+            while pool.idle and (redo or done + len(in_flight) < target):
                 if redo:
                     trial, attempt = redo.pop(0)
-                    plan = plan_trial(trial, spec)  # Optuna returns the values this trial already holds
                 else:
-                    if done + len(in_flight) + len(redo) >= target:
-                        break
                     trial, attempt = study.ask(), 1
-                    plan = plan_trial(trial, spec)
-                worker = idle.pop()
+                plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
+                worker = pool.take()
                 hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
                 ref = worker.run.remote(plan, trial.number)
                 in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
-            if not in_flight:
+            if not in_flight and not (pool.starting and (redo or done < target)):
                 break
-            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)
+            if not in_flight:  # every worker is still loading the model after a replacement
+                time.sleep(0.5)
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5) if in_flight else ([], None)
             now = time.perf_counter()
             for ref in ready:
                 job = in_flight.pop(ref)
                 try:
                     result = ray.get(ref)
-                    idle.append(job.worker)
+                    pool.give_back(job.worker)
                 except ray.exceptions.RayActorError as exc:
-                    idle.append(worker_cls.remote(spec.model, settings))
+                    pool.lost(job.worker)
                     if job.attempt < 2:
                         log(f"trial {job.trial.number}: worker died ({_first_line(exc)}); retrying once")
                         job.trial.set_user_attr(ATTEMPTS, job.attempt + 1)
@@ -142,32 +157,49 @@ def run_study(
                         continue
                     result = TrialResult(error=f"worker process died twice: {_first_line(exc)}")
                 except ray.exceptions.RayError as exc:
-                    idle.append(job.worker)
+                    pool.give_back(job.worker)
                     result = TrialResult(error=f"{type(exc).__name__}: {_first_line(exc)}")
-                done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
-                bar.update(1)
+                record(job, result, now)
             for ref, job in list(in_flight.items()):
                 if now - job.started > spec.search.trial_timeout_s:
                     in_flight.pop(ref)
-                    ray.kill(job.worker, no_restart=True)
-                    idle.append(worker_cls.remote(spec.model, settings))
-                    result = TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)")
-                    done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
-                    bar.update(1)
+                    pool.lost(job.worker, kill=True)
+                    record(job, TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)"), now)
+        if stop.requested:
+            outcome.interrupted = True
+            log(f"stopped ({stop.requested}): {len(in_flight)} running trial(s) recorded as failed")
+            now = time.perf_counter()
+            for job in in_flight.values():
+                record(job, TrialResult(error=f"stopped: the driver got {stop.requested} (`paretolab jobs stop` or `ray job stop`)"), now)
+            in_flight.clear()
     except KeyboardInterrupt:
         outcome.interrupted = True
         log(f"\ninterrupted: {len(in_flight)} trial(s) left unfinished; `paretolab run --resume` continues the study")
     finally:
+        stop.restore()
         bar.close()
-        for worker in workers + idle:
-            try:
-                ray.kill(worker, no_restart=True)
-            except Exception:
-                pass
+        pool.shutdown()
     outcome.wall_s = time.perf_counter() - start
     if not outcome.interrupted:
         tracker.finish_study(parent, {"trials_complete": float(_count(study, optuna.trial.TrialState.COMPLETE)), "trials_failed": float(_count(study, optuna.trial.TrialState.FAIL))})
     return outcome
+
+
+class _StopSignal:
+    """SIGTERM (what `ray job stop` sends) asks the loop to stop; it then ends running trials as failed."""
+
+    def __init__(self) -> None:
+        self.requested = ""
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = "SIGTERM"
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _record(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: _Job, result: TrialResult, tags: dict[str, str], now: float, outcome: StudyOutcome, hooks: Any) -> int:
@@ -285,11 +317,10 @@ def _count(study: optuna.Study, state: optuna.trial.TrialState) -> int:
 
 def _ray_auth_env(address: str | None) -> None:
     """Present the cluster's token when one is on this machine (Ray reads this before import)."""
-    if not address or "RAY_AUTH_MODE" in os.environ:
-        return
-    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    from paretolab.ray_auth import use_token_if_present
+
+    if address:
+        use_token_if_present()
 
 
 def _init_ray(address: str | None) -> None:
@@ -297,7 +328,7 @@ def _init_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    env = {k: v for k, v in os.environ.items() if k.startswith("PARETOLAB_") or k in ("PYTHONPATH", "HF_HUB_OFFLINE")}
+    env = {k: v for k, v in os.environ.items() if _forwarded(k, v)}
     kwargs: dict[str, Any] = {
         "ignore_reinit_error": True,
         "logging_level": "WARNING",
@@ -313,49 +344,24 @@ def _init_ray(address: str | None) -> None:
         kwargs["include_dashboard"] = False
     try:
         ray.init(**kwargs)
-    except (ConnectionError, RuntimeError) as exc:
-        hint = ""
-        if "token" in str(exc).lower() or "auth" in str(exc.__cause__ or "").lower():
-            hint = (
-                "; the cluster requires its authentication token: set RAY_AUTH_TOKEN, or copy the token "
-                "(`ray get-auth-token` on the head) to ~/.ray/auth_token"
-            )
-        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {_first_line(exc)}{hint}") from exc
+    except Exception as exc:
+        from paretolab.ray_auth import is_auth_error, token_help
+
+        if is_auth_error(exc):
+            raise ParetolabError(token_help(repr(address))) from exc
+        if not isinstance(exc, (ConnectionError, RuntimeError)):
+            raise
+        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {_first_line(exc)}") from exc
 
 
-def _worker_class(spec: StudySpec) -> Any:
-    from paretolab.worker import remote_worker_class
+def _forwarded(key: str, value: str) -> bool:
+    """Environment the workers need (cache, data, plugins); never the stores: only the driver writes them,
+    and Ray keeps a job's runtime_env in clear, so a password in a store URL must not travel there."""
+    from paretolab.stores import OPTUNA_ENV, TRACKING_ENV, redact
 
-    r = spec.resources
-    return remote_worker_class(r.cpus, r.gpus, r.memory_gb)
-
-
-def _worker_count(spec: StudySpec, remaining: int) -> int:
-    """As many concurrent trials as the cluster's resources allow (or resources.workers)."""
-    import ray
-
-    r = spec.resources
-    if r.workers:
-        return max(1, min(r.workers, remaining))
-    total = ray.cluster_resources()
-    fits = [int(total.get("CPU", 1) // r.cpus)]
-    if r.gpus:
-        if total.get("GPU", 0) < r.gpus:
-            raise ConfigError(f"resources.gpus: each trial needs {r.gpus:g} GPU(s) but the Ray cluster has {total.get('GPU', 0):g}")
-        fits.append(int(total["GPU"] // r.gpus))
-    if r.memory_gb:
-        fits.append(max(1, int(total.get("memory", 0) / 2**30 // r.memory_gb)))
-    return max(1, min(min(fits), remaining))
-
-
-def _wait_ready(workers: list[Any]) -> None:
-    import ray
-
-    try:
-        ray.get([w.ready.remote() for w in workers])
-    except ray.exceptions.RayActorError as exc:
-        cause = exc.__cause__ or exc
-        raise ParetolabError(f"a trial worker could not load the model: {_first_line(cause)}") from exc
+    if key in (OPTUNA_ENV, TRACKING_ENV) or redact(value) != value:
+        return False
+    return key.startswith("PARETOLAB_") or key in ("PYTHONPATH", "HF_HUB_OFFLINE")
 
 
 def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:

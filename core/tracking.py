@@ -22,6 +22,7 @@ class Tracker:
 
     def __init__(self, stores: Stores, study: str) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # a link per trial drowns the job log
         from mlflow.tracking import MlflowClient
 
         for name in ("alembic", "mlflow", "mlflow.store.db.utils"):

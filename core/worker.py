@@ -19,6 +19,7 @@ class TrialWorker:
         self.settings = settings
         self.base = load_subject(model)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.placement = _placement()
 
     def ready(self) -> str:
         return self.name
@@ -26,7 +27,19 @@ class TrialWorker:
     def run(self, plan: list[StagePlan], number: int) -> TrialResult:
         result = run_trial(self.base, plan, self.settings, number)
         result.worker = self.name
+        result.info.update(self.placement)
         return result
+
+
+def _placement() -> dict[str, str]:
+    """The Ray node and GPUs this worker runs on (logged with each trial as ``info.ray_node``, ``info.gpu_ids``)."""
+    try:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"ray_node": context.get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
+    except Exception:  # run outside Ray (tests call the class directly)
+        return {}
 
 
 def remote_worker_class(cpus: float, gpus: float, memory_gb: float | None) -> Any:
