@@ -104,9 +104,12 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 result.stage_s["evaluate"] = time.perf_counter() - t0
 
                 t0 = time.perf_counter()
+                task_metrics = set(metrics)
                 for name, options in _measures(settings.measures, regs).items():
                     measure = regs.measures.get(name)
-                    metrics.update(measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx))
+                    measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
+                    # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
+                    metrics.update({k: v for k, v in measured.items() if k not in task_metrics})
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
                 result.stage_s["measure"] = time.perf_counter() - t0

@@ -145,3 +145,20 @@ def test_smollm2_solves_easy_arithmetic_with_the_chat_prompt(tmp_path):
     metrics = Arithmetic().evaluate(subject, options, TrialContext(seed=0, workdir=tmp_path))
     assert metrics["acc"] >= 0.75  # 16/16 measured on level 1 with 16 problems
     assert metrics["tokens_total"] < 24  # stops at the end of its turn
+
+
+def test_a_task_that_times_its_own_generation_keeps_its_numbers(tiny, monkeypatch):
+    """The latency measure fills prefill_ms/decode_tok_s only where the task did not report them."""
+    from paretolab.measures import Latency
+    from paretolab.search import StagePlan
+    from paretolab.trial import TrialSettings, run_trial
+
+    monkeypatch.setattr(Latency, "measure", lambda self, subject, options, ctx: {"prefill_ms": -1.0, "decode_tok_s": -1.0})
+    measures = {"latency": {}}
+    generation = TrialSettings("gen", "arithmetic", {"limit": 2, "max_new_tokens": 4, "shots": 1}, measures, seed=0)
+    perplexity = TrialSettings("ppl", "perplexity", {"max_tokens": 256, "context": 128, "stride": 128}, measures, seed=0)
+    by_task = run_trial(tiny, [StagePlan("stage0", "none", {})], generation, number=0)
+    by_measure = run_trial(tiny, [StagePlan("stage0", "none", {})], perplexity, number=0)
+    assert not by_task.failed and not by_measure.failed, (by_task.traceback, by_measure.traceback)
+    assert by_task.metrics["prefill_ms"] > 0 and by_task.metrics["decode_tok_s"] > 0
+    assert by_measure.metrics["prefill_ms"] == -1.0 and by_measure.metrics["decode_tok_s"] == -1.0
