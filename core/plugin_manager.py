@@ -27,6 +27,7 @@ AUTOLOAD_ENV = "PARETOLAB_DISABLE_PLUGIN_AUTOLOAD"
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.metrics_plugin",
     "paretolab.tasks",
+    "paretolab.retrieval_task",
     "paretolab.measures",
     "paretolab.models",
     "paretolab.plugins.baselines",
@@ -38,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.psumquant",
     "paretolab.plugins.layerdrop",
     "paretolab.plugins.depth_probe",
+    "paretolab.plugins.token_sparse_attention",
 )
 
 
