@@ -8,7 +8,8 @@ the query, key and value of every sparse layer (``--first-layer`` on) are record
 those same tensors, it times the layers' attention — dense (transformers' SDPA function, what
 the model runs) against token-sparse (scoring, selection, gather, dense attention on the kept
 tokens, scatter) — and the whole model's prefill with each. Every timing is a median over
-``--reps`` after one warm-up, synchronized on a GPU. The device is printed first: on a CPU the
+``--reps``, dense and sparse called alternately after one warm-up each (so a change in
+the machine's load hits both), synchronized on a GPU. The device is printed first: on a CPU the
 scoring step runs its PyTorch reference (the Triton kernel needs CUDA), and the numbers are CPU
 numbers, not the paper's GPU setting. ``kept`` is the share of tokens that entered attention.
 """
@@ -33,18 +34,19 @@ from paretolab.tasks import corpus_ids
 CAPTURE = "paretolab_capture_qkv"
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median wall time of ``fn`` over ``reps`` calls after one warm-up, synchronized."""
+def paired_medians(dense: Callable[[], object], sparse: Callable[[], object], device: torch.device, reps: int) -> tuple[float, float]:
+    """Median wall times of ``dense`` and ``sparse``, called alternately (so load changes hit both), after a warm-up."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    times = []
+    dense(), sparse()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in ((dense, times[0]), (sparse, times[1])):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def record_qkv(model: torch.nn.Module, ids: torch.Tensor, first: int) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, ...], float]]:
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     sparse_model = copy.deepcopy(model)
     install(sparse_model, settings, args.first_layer)
     print(f"SmolLM2-135M, {n_layers} layers, sparse from layer {args.first_layer}: tau={args.tau} W={args.window} "
-          f"min_tokens={args.min_tokens}; median of {args.reps} after a warm-up\n")
+          f"min_tokens={args.min_tokens}; median of {args.reps}, alternating, after a warm-up\n")
     head = f"{'tokens':>7} {'kept':>6} {'attn dense ms':>14} {'attn sparse ms':>15} {'attn speedup':>13}"
     if not args.skip_model:
         head += f" {'prefill dense ms':>17} {'prefill sparse ms':>18} {'prefill speedup':>16}"
@@ -114,14 +116,12 @@ def main(argv: list[str] | None = None) -> None:
                 token_sparse_attention_forward(module, q, k, v, None, scaling=scale)
 
         with torch.no_grad():
-            t_dense = median_seconds(dense_attention, device, args.reps)
-            t_sparse = median_seconds(sparse_attention, device, args.reps)
+            t_dense, t_sparse = paired_medians(dense_attention, sparse_attention, device, args.reps)
         kept = sum(m.token_sparse_counts[0] for m, _, _ in records) / sum(m.token_sparse_counts[1] for m, _, _ in records)
         line = f"{length:>7} {kept:>6.2f} {t_dense * 1e3:>14.1f} {t_sparse * 1e3:>15.1f} {t_dense / t_sparse:>12.2f}x"
         if not args.skip_model:
             with torch.no_grad():
-                p_dense = median_seconds(lambda: model(input_ids=ids), device, args.reps)
-                p_sparse = median_seconds(lambda: sparse_model(input_ids=ids), device, args.reps)
+                p_dense, p_sparse = paired_medians(lambda: model(input_ids=ids), lambda: sparse_model(input_ids=ids), device, args.reps)
             line += f" {p_dense * 1e3:>17.1f} {p_sparse * 1e3:>18.1f} {p_dense / p_sparse:>15.2f}x"
         print(line, flush=True)
         del records

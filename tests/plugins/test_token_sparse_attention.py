@@ -79,6 +79,18 @@ def test_dropped_tokens_get_zero_output_and_kept_tokens_attend_only_to_kept_ones
         torch.testing.assert_close(out[0, keep, h], want[keep], rtol=1e-5, atol=1e-5)
 
 
+def test_an_explicit_causal_mask_gives_the_same_selection_and_output(tiny4: Subject, ctx: TrialContext) -> None:
+    attn = sparse(tiny4, ctx, first_sparse_layer=0).model.model.layers[0].self_attn
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(1, 4, 50, 16, generator=gen), 3 * torch.randn(1, 2, 50, 16, generator=gen), torch.randn(1, 2, 50, 16, generator=gen)
+    plain, _ = token_sparse_attention_forward(attn, q, k, v, None, scaling=0.25)
+    kept = attn.token_sparse_last
+    causal = torch.ones(50, 50, dtype=torch.bool).tril()[None, None]  # as transformers passes it with padding
+    masked, _ = token_sparse_attention_forward(attn, q, k, v, causal, scaling=0.25)
+    assert torch.equal(attn.token_sparse_last, kept)
+    torch.testing.assert_close(masked, plain, rtol=1e-5, atol=1e-6)
+
+
 def test_larger_tau_drops_more_and_min_tokens_is_a_floor() -> None:
     scores = torch.rand(3, 200, generator=torch.Generator().manual_seed(0)) ** 4  # (H, L - W)
     kept = []
@@ -161,3 +173,21 @@ class TestTokenSparseAttentionContract(MethodContract):
     @pytest.fixture
     def params(self) -> dict[str, Any]:
         return {**SMALL, "first_sparse_layer": 1}
+
+
+@pytest.mark.slow
+def test_smollm2_drops_tokens_on_real_text_and_keeps_the_next_token(ctx: TrialContext) -> None:
+    from paretolab.data import encode, pydoc_text
+    from paretolab.models import resolve_model
+
+    subject = resolve_model("smollm2-135m").load()
+    prompt = torch.tensor([encode(subject.tokenizer, pydoc_text()[:20000])[:1280]])
+    params = {"tau": 0.05, "window": 64, "min_tokens": 256, "first_sparse_layer": 15}
+    sparse_subject = TokenSparseAttention().transform(subject.copy(), params, ctx)
+    with torch.no_grad():
+        dense = subject.model(input_ids=prompt).logits[0, -1]
+        approx = sparse_subject.model(input_ids=prompt).logits[0, -1]
+    kept = TokenSparseAttention().evaluate(sparse_subject, ctx)["attn_kept_frac"]
+    assert kept < 0.95, "real text at 1280 tokens has low-attention tokens to drop"
+    assert int(approx.argmax()) == int(dense.argmax())
+    assert torch.nn.functional.kl_div(approx.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="sum") < 0.1
