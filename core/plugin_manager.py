@@ -28,6 +28,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.metrics_plugin",
     "paretolab.tasks",
     "paretolab.generation_tasks",
+    "paretolab.retrieval_task",
     "paretolab.measures",
     "paretolab.models",
     "paretolab.plugins.baselines",
@@ -40,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.layerdrop",
     "paretolab.plugins.depth_probe",
     "paretolab.plugins.parallel_probe",
+    "paretolab.plugins.token_sparse_attention",
 )
 
 
