@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.psumquant",
     "paretolab.plugins.layerdrop",
     "paretolab.plugins.depth_probe",
+    "paretolab.plugins.speculative",
 )
 
 
