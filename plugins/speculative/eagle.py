@@ -139,6 +139,13 @@ class EagleDrafter:
         self.feature_layers = loaded.draft.config.feature_layers
         self.embed: torch.Tensor | None = None
         self.head: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.n_true = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copied subject copies its generator: keep the draft, drop the target's tensors and the cache
+        return {**self.__dict__, "embed": None, "head": None, "keys": None, "values": None}
 
     def start(self, target: torch.nn.Module) -> None:
         self.embed = target.get_input_embeddings().weight

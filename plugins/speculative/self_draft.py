@@ -1,9 +1,10 @@
 """Self-speculative drafting: the target itself, with some decoder layers skipped, is the draft.
 
-Draft & Verify (Zhang et al., ACL 2024) and LayerSkip draft with a shallower pass of the target.
-Which layers to skip is scored by the layer-importance code of the layerdrop plugin (block
-influence or iterative representation shift on calibration text); the k least important go.
-Our choices: the draft keeps its own KV cache (the skipped pass sees different hidden states,
+Draft & Verify (Zhang et al., ACL 2024) drafts with the target minus some layers and verifies with
+the full target; the paper picks the layers by Bayesian optimisation. Ours: the layers are scored
+by the layerdrop plugin's layer-importance code (block influence, or its iterative representation
+shift, on calibration text) and the least important go, no search, no adaptive draft length.
+Also ours: the draft keeps its own KV cache (the skipped pass sees different hidden states,
 so the target's cache is not reused), and it runs on the target's own weights (nothing copied):
 during a draft forward the kept layers are swapped in and renumbered, then restored.
 """
@@ -51,6 +52,10 @@ class LayerSkipDrafter:
         self.model: torch.nn.Module | None = None
         self.cache: Any = None
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache, in order
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copied subject copies its generator: never drag the target model or a stale cache along
+        return {**self.__dict__, "model": None, "cache": None, "fed": []}
 
     def start(self, target: torch.nn.Module) -> None:
         n = len(decoder_layers(target))

@@ -180,6 +180,10 @@ def train_draft(subject: Subject, options: TrainOptions, *, log: Callable[[str],
         log(f"continuing the draft at {path} ({meta['steps']} steps, {meta['train_s'] / 60:.1f} min so far)")
     else:
         init_scale(draft)
+        final_norm = getattr(getattr(model, "model", None), "norm", None)
+        if final_norm is not None and getattr(final_norm, "weight", None) is not None and final_norm.weight.shape == draft.norm.weight.shape:
+            with torch.no_grad():  # start with the target's output scale in front of its LM head
+                draft.norm.weight.copy_(final_norm.weight)
     if vocab is None:
         counts = torch.bincount(torch.cat([c["labels"].flatten().long() for c in train]), minlength=model.config.vocab_size)
         vocab = torch.argsort(counts, descending=True)[: min(options.vocab, int((counts > 0).sum()))].sort().values

@@ -107,7 +107,7 @@ def test_training_rollout_sees_what_the_inference_chain_sees():
     """The training-time-test mask reproduces, step by step, the draft's KV-cached chain at inference."""
     torch.manual_seed(0)
     draft = EagleDraft(EagleConfig(hidden=32, heads=4, intermediate=64, feature_layers=(0, 1)))
-    length, steps = 9, 3
+    length, steps = 6, 3
     emb, g = torch.randn(length, 32), torch.randn(length, 32)
     rollout = ttt_forward(draft, emb[None], g[None], steps)
     drafter = EagleDrafter(LoadedDraft(draft, torch.arange(4), {}))
@@ -200,3 +200,34 @@ class TestSpeculativeEagleContract(MethodContract):
     @pytest.fixture
     def params(self):
         return {"draft": "eagle", "k": 3, "prompts": 2, "new_tokens": 8}
+
+
+@pytest.mark.slow
+def test_smollm2_speculative_output_is_greedy_token_for_token():
+    """On the real model, over prompts and lengths, both drafts reproduce greedy decoding exactly."""
+    from paretolab.models import load_subject
+    from paretolab.plugins.speculative.corpus import heldout_prompts
+
+    subject = load_subject("smollm2-135m")
+    text = heldout_prompts(subject.tokenizer, n=3, length=80)
+    cases = [(text[0][:16], 30), (text[1][:48], 20), (text[2], 12)]
+    torch.manual_seed(0)
+    untrained = EagleDraft(EagleConfig.for_target(subject.model))
+    drafters = [
+        (LayerSkipDrafter(skip=range(8, 20)), 3),
+        (EagleDrafter(LoadedDraft(untrained, torch.arange(4096), {})), 4),
+    ]
+    for prompt, n in cases:
+        reference = generate(subject, [prompt], max_new_tokens=n).sequences
+        for drafter, k in drafters:
+            assert SpeculativeGenerator(drafter, k).generate(subject, [prompt], max_new_tokens=n).sequences == reference
+
+
+def test_copying_a_subject_does_not_copy_the_target_through_its_generator(tiny, tmp_path):
+    reference = generate(tiny, PROMPTS[:1], max_new_tokens=6).sequences
+    ctx = TrialContext(seed=0, workdir=tmp_path / "trial")
+    subject = Speculative().transform(tiny, {"draft": "self", "k": 2, "skip": 1}, ctx)
+    generate(subject, PROMPTS[:1], max_new_tokens=6)  # the drafter now holds the target
+    copy = subject.copy()
+    assert copy.generator.drafter.model is None and copy.generator.drafter.skip == subject.generator.drafter.skip
+    assert generate(copy, PROMPTS[:1], max_new_tokens=6).sequences == reference
