@@ -136,7 +136,7 @@ def tiny_draft_cache(tmp_path_factory):
 def test_draft_command_trains_resumes_and_the_draft_decodes_exactly(tiny_draft_cache, monkeypatch, tiny):
     monkeypatch.setenv("PARETOLAB_CACHE", str(tiny_draft_cache))
     first = load_draft("tiny-llama", tiny.model)
-    assert first.meta["steps"] >= 1 and first.vocab.numel() == 128
+    assert first.meta["steps"] >= 1 and 0 < first.vocab.numel() <= 128  # the most frequent target tokens, at most --vocab
     lines: list[str] = []
     train_draft(tiny, TrainOptions(budget_min=0.02, max_tokens=1024, seq_len=64, vocab=128), log=lines.append, show_progress=False)
     assert any("continuing the draft" in line for line in lines)  # features were cached, the checkpoint resumed
