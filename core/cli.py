@@ -16,6 +16,7 @@ EPILOG = """examples:
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab plugins                               every method, task, measure and model
   paretolab models pull smollm2-135m              convert the default model once
+  paretolab draft train --budget-min 15           train the EAGLE draft for speculative decoding
   paretolab dashboard                             browse studies and frontiers on http://127.0.0.1:8501
   paretolab submit pipelines/demo.yaml --address http://HEAD:8265   run the study as a job on a Ray cluster
   paretolab jobs status JOB_ID --address http://HEAD:8265           follow it (list, status, logs, stop)
@@ -101,6 +102,25 @@ def build_parser() -> argparse.ArgumentParser:
     mpull = msub.add_parser("pull", help="fetch/convert a model once so later loads are fast and offline")
     mpull.add_argument("name", nargs="?", default="smollm2-135m", help="model name (default smollm2-135m)")
     mpull.set_defaults(func=cmd_models_pull)
+
+    draft = sub.add_parser("draft", help="train the EAGLE draft that speculative decoding uses")
+    dsub = draft.add_subparsers(dest="draft_command", metavar="ACTION")
+    dsub.required = True
+    dtrain = dsub.add_parser("train", help="cache the target's hidden states once, then train (or continue) the draft", description=(
+        "Run the target once over the training part of a corpus and cache its low/middle/high hidden states and greedy "
+        "tokens, then train the one-layer EAGLE draft on them for a wall-clock budget (CPU is fine). The draft is saved "
+        "under the cache dir (drafts/MODEL/eagle.pt) every minute and at the end; a second run continues it."
+    ))
+    dtrain.add_argument("--model", default="smollm2-135m", help="target model (default smollm2-135m)")
+    dtrain.add_argument("--budget-min", type=float, default=15.0, help="minutes of training in this run (default 15; features not included)")
+    dtrain.add_argument("--corpus", default="pydoc", help="training corpus; its last 10%% is held out for prompts (default pydoc)")
+    dtrain.add_argument("--tokens", type=int, default=16384, help="target tokens whose hidden states are cached (default 16384)")
+    dtrain.add_argument("--seq-len", type=int, default=256, help="training window in tokens (default 256)")
+    dtrain.add_argument("--vocab", type=int, default=4096, help="draft vocabulary: the target's most frequent tokens (default 4096)")
+    dtrain.add_argument("--ttt-steps", type=int, default=3, help="training-time-test rollout steps (default 3)")
+    dtrain.add_argument("--fresh", action="store_true", help="start over instead of continuing an existing draft")
+    dtrain.add_argument("--no-progress", action="store_true", help="no progress bars")
+    dtrain.set_defaults(func=cmd_draft_train)
 
     frontier = sub.add_parser("frontier", help="the non-dominated trials of a study, as a table", description=(
         "Read a study from the stores and print its Pareto set on the pipeline's objectives."
@@ -210,6 +230,22 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             time.sleep(0.5)
             status = jobs.job_status(args.address, args.job_id)["status"]
         print(f"{args.job_id}  {status}" + ("" if stopped else "  (it had already ended)"))
+    return 0
+
+
+def cmd_draft_train(args: argparse.Namespace) -> int:
+    from paretolab.errors import ConfigError
+    from paretolab.models import load_subject
+    from paretolab.plugins.speculative.train import TrainOptions, train_draft
+
+    if args.budget_min <= 0:
+        raise ConfigError(f"--budget-min must be > 0 minutes, got {args.budget_min}")
+    for flag, value, low in (("--tokens", args.tokens, 1), ("--seq-len", args.seq_len, 8), ("--vocab", args.vocab, 2), ("--ttt-steps", args.ttt_steps, 1)):
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    options = TrainOptions(budget_min=args.budget_min, corpus=args.corpus, max_tokens=args.tokens, seq_len=args.seq_len,
+                           vocab=args.vocab, ttt_steps=args.ttt_steps, fresh=args.fresh)
+    train_draft(load_subject(args.model), options, show_progress=not args.no_progress)
     return 0
 
 

@@ -42,6 +42,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.depth_probe",
     "paretolab.plugins.parallel_probe",
     "paretolab.plugins.token_sparse_attention",
+    "paretolab.plugins.speculative",
 )
 
 

@@ -1,0 +1,204 @@
+"""An EAGLE-style draft: one decoder layer over the token embedding and the target's hidden states.
+
+EAGLE-3 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test", 2025; SpecForge is its training code). The paper's: the draft reads the
+target's hidden states from a low, a middle and a high layer, projected to the model width and
+joined with the embedding of the next token; one decoder layer; the next token comes through the
+target's LM head; a reduced draft vocabulary; training-time test (the draft is trained on its own
+outputs for several steps, with the attention mask the chain sees at inference); step losses
+weighted 0.8^s. Our choices: a chain of k drafts (no tree); a linear ``fuse`` of [embedding,
+projected features] to the width instead of a double-width attention input; the embedding and
+the LM head rows are the target's, frozen, read from the target at load time (not stored); the
+draft vocabulary is the V_d tokens the target most often predicts on the training corpus;
+full multi-head attention (no grouped keys); labels are the target's greedy tokens (hard labels).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paretolab.plugins._layerwise import decoder_layers
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden: int  # the target's width D
+    heads: int
+    intermediate: int
+    feature_layers: tuple[int, ...]  # target decoder layers whose outputs the draft reads (low, middle, high)
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def for_target(cls, model: torch.nn.Module) -> EagleConfig:
+        """A draft layer shaped like the target's layers, reading layers 2, L/2 and L-3 (EAGLE-3's low/mid/high)."""
+        config = model.config
+        n = len(decoder_layers(model))
+        low, mid, high = min(1, n - 1), n // 2 - 1, max(n - 3, 0)  # 0-based decoder layer outputs
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        return cls(
+            hidden=int(config.hidden_size),
+            heads=int(config.num_attention_heads),
+            intermediate=int(config.intermediate_size),
+            feature_layers=tuple(sorted({low, mid, high})),
+            rope_theta=theta,
+            eps=float(getattr(config, "rms_norm_eps", 1e-5)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (the Llama half-split form) on x (..., T, hd) at ``positions`` (T,)."""
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd)
+    angles = positions.float()[:, None] * inv[None]  # (T, hd/2)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    half = hd // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+class EagleDraft(nn.Module):
+    """fc: target features (3D) -> D; fuse: [embedding, g] (2D) -> D; one pre-norm decoder layer; final norm.
+
+    ``step`` returns the layer's output hidden state (fed back as ``g`` for the next draft token)
+    and the normalised state that the frozen LM head turns into logits.
+    """
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        d, self.config = config.hidden, config
+        self.fc = nn.Linear(d * len(config.feature_layers), d, bias=False)
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+        self.attn_norm, self.mlp_norm, self.norm = RMSNorm(d, config.eps), RMSNorm(d, config.eps), RMSNorm(d, config.eps)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate_up = nn.Linear(d, 2 * config.intermediate, bias=False)
+        self.down = nn.Linear(config.intermediate, d, bias=False)
+
+    def keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(residual input, q, k, v) for inputs x (..., T, D): q/k/v are (..., H, T, hd) with RoPE applied."""
+        h = self.config.heads
+        q, k, v = self.qkv(self.attn_norm(x)).chunk(3, dim=-1)
+        split = lambda t: t.unflatten(-1, (h, -1)).transpose(-3, -2)  # noqa: E731  (..., T, D) -> (..., H, T, hd)
+        theta = self.config.rope_theta
+        return x, rope(split(q), positions, theta), rope(split(k), positions, theta), split(v)
+
+    def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of q over (keys, values) under the boolean ``mask`` (T, S), then the MLP: (hidden, normed)."""
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (..., H, T, hd)
+        x = x + self.o(attended.transpose(-3, -2).flatten(-2))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        x = x + self.down(F.silu(gate) * up)
+        return x, self.norm(x)
+
+    def inputs(self, embeddings: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The layer input from token embeddings (..., T, D) and features already in width D (..., T, D)."""
+        return self.fuse(torch.cat([embeddings, g], dim=-1))
+
+
+@dataclass
+class LoadedDraft:
+    """A trained draft with what it needs from its target: the draft vocabulary (target ids)."""
+
+    draft: EagleDraft
+    vocab: torch.Tensor  # (V_d,) target token ids the draft can propose
+    meta: dict[str, Any]
+
+
+class EagleDrafter:
+    """Drafts a chain of tokens with an EAGLE draft; keeps a KV cache of the positions the target verified.
+
+    Cache entry p holds the draft's keys/values for (target feature at p, token p+1). Entries from
+    the target's real features are kept; entries made from the draft's own outputs are dropped at
+    the next call, which starts from the features of the newly verified positions.
+    """
+
+    def __init__(self, loaded: LoadedDraft) -> None:
+        self.loaded = loaded
+        self.draft = loaded.draft.eval()
+        self.feature_layers = loaded.draft.config.feature_layers
+        self.embed: torch.Tensor | None = None
+        self.head: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.n_true = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copied subject copies its generator: keep the draft, drop the target's tensors and the cache
+        return {**self.__dict__, "embed": None, "head": None, "keys": None, "values": None}
+
+    def start(self, target: torch.nn.Module) -> None:
+        self.embed = target.get_input_embeddings().weight
+        self.head = target.get_output_embeddings().weight[self.loaded.vocab]  # (V_d, D), frozen
+        self.keys = self.values = None
+        self.n_true = 0  # cache entries made from the target's own features
+
+    @torch.no_grad()
+    def propose(self, ids: list[int], features: torch.Tensor | None, k: int) -> list[int]:
+        assert self.embed is not None and self.head is not None, "start() must be called before propose()"
+        if features is None or features.shape[0] == 0:
+            raise ValueError("the EAGLE drafter needs the target's features of the newly verified positions")
+        draft, vocab = self.draft, self.loaded.vocab
+        if self.keys is not None:
+            self.keys, self.values = self.keys[:, : self.n_true], self.values[:, : self.n_true]
+        start = self.n_true
+        positions = torch.arange(start, start + features.shape[0], device=features.device)
+        tokens = torch.tensor(ids[start + 1 : start + 1 + features.shape[0]], device=features.device)
+        x = draft.inputs(self.embed[tokens], draft.fc(features.to(self.embed.dtype)))
+        self.n_true += features.shape[0]
+        out: list[int] = []
+        while True:
+            hidden, normed = self._attend(x, positions)
+            out.append(int(vocab[int((normed[-1] @ self.head.T).argmax())]))
+            if len(out) >= k:
+                return out
+            positions = positions[-1:] + 1
+            x = draft.inputs(self.embed[out[-1]].view(1, -1), hidden[-1:])
+
+    def _attend(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        residual, q, k, v = self.draft.keys_values(x, positions)
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
+        total, t = self.keys.shape[1], x.shape[0]
+        mask = torch.arange(total, device=x.device)[None, :] <= torch.arange(total - t, total, device=x.device)[:, None]
+        return self.draft.finish(residual, q, self.keys, self.values, mask)
+
+
+def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Training-time-test mask for step ``step`` over keys of steps 0..step concatenated: (T, (step+1)*T).
+
+    Query (step, t) sees step-0 keys at positions <= t - step (real features) and the step-r key at
+    position t - step + r for r = 1..step: exactly the chain the draft sees at inference.
+    """
+    t = torch.arange(length, device=device)[:, None]
+    p = torch.arange(length, device=device)[None, :]
+    blocks = [p <= t - step] + [p == t - step + r for r in range(1, step + 1)]
+    mask = torch.cat(blocks, dim=1)
+    mask[:, 0] |= ~mask.any(dim=1)  # rows with nothing to see (t < step) read position 0: kept finite, masked from the loss
+    return mask
+
+
+def init_scale(draft: EagleDraft) -> None:
+    """Small output projections so the fresh layer starts near the identity on its input (a stable start)."""
+    for linear in (draft.o, draft.down):
+        nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2))

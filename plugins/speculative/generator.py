@@ -1,0 +1,155 @@
+"""Speculative decoding with exact greedy verification, for any drafter.
+
+A drafter proposes up to ``k`` tokens; the target scores them all in one cached forward; the
+longest prefix that matches the target's own greedy choices is kept, plus the target's next
+token (the "bonus" token), and the target's KV cache is cropped back to the kept tokens. The
+output is therefore the target's greedy output, token for token, whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from paretolab.generation import Generation, forward_with_cache
+from paretolab.plugins._layerwise import decoder_layers
+
+if TYPE_CHECKING:
+    from paretolab.context import TrialContext
+    from paretolab.subject import Subject
+
+
+class Drafter(Protocol):
+    """Proposes continuations; keeps whatever state it needs between calls for one prompt.
+
+    ``feature_layers`` lists target decoder layers whose outputs the drafter wants (EAGLE reads
+    the target's hidden states); the generator hands them over for every position the target
+    has verified. ``propose(ids, features, k)`` gets every token so far (prompt + accepted),
+    the target features of the positions verified since the last call — a tensor (n, F) or
+    ``None`` — and returns up to ``k`` draft tokens that would follow ``ids``.
+    """
+
+    feature_layers: tuple[int, ...]
+
+    def start(self, target: torch.nn.Module) -> None: ...
+
+    def propose(self, ids: list[int], features: torch.Tensor | None, k: int) -> list[int]: ...
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Cut a KV cache back to its first ``length`` positions (negative crop: transformers 4.4x and 5.x)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class TargetFeatures:
+    """While active, records the outputs of chosen target decoder layers on every forward: (T, len(layers)*D)."""
+
+    def __init__(self, model: torch.nn.Module, layers: Sequence[int]) -> None:
+        self.model, self.layers = model, tuple(layers)
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> TargetFeatures:
+        blocks = decoder_layers(self.model)
+        for index in self.layers:
+            self.handles.append(blocks[index].register_forward_hook(self._recorder(index)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _recorder(self, index: int) -> Any:
+        def record(module: torch.nn.Module, args: Any, output: Any) -> None:
+            self.outputs[index] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return record
+
+    def last(self) -> torch.Tensor | None:
+        """Features of the last forward's positions (batch 1): (T, F), or None when no layer is watched."""
+        if not self.layers:
+            return None
+        return torch.cat([self.outputs[i][0] for i in self.layers], dim=-1)
+
+
+class SpeculativeGenerator:
+    """Draft ``k`` tokens, verify them in one target forward, keep the longest greedy-matching prefix.
+
+    Prompts are decoded one at a time (batch 1). ``stats`` reports ``mean_accepted_len``: the
+    mean number of tokens each verification forward emits (accepted drafts plus the target's own
+    token; 1.0 means no draft was ever accepted, k + 1 is the ceiling).
+    """
+
+    def __init__(self, drafter: Drafter, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"speculative decoding needs k >= 1 draft tokens, got k={k}")
+        self.drafter, self.k = drafter, k
+
+    def generate(
+        self,
+        subject: Subject,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        stop_ids: Sequence[int] = (),
+        ctx: TrialContext | None = None,
+    ) -> Generation:
+        sequences: list[list[int]] = []
+        prefill_s = decode_s = 0.0
+        steps = rounds = emitted = drafted = 0
+        for prompt in prompts:
+            new, run = self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids))
+            sequences.append(new)
+            prefill_s += run["prefill_s"]
+            decode_s += run["decode_s"]
+            steps += 1 + run["rounds"]
+            rounds += run["rounds"]
+            emitted += run["emitted"]
+            drafted += run["drafted"]
+        stats = {"mean_accepted_len": emitted / rounds if rounds else 1.0, "draft_tokens": float(drafted)}
+        return Generation(sequences, sum(map(len, sequences)), steps, prefill_s, decode_s, stats)
+
+    @torch.no_grad()
+    def _one(self, model: torch.nn.Module, prompt: list[int], max_new: int, stop: set[int]) -> tuple[list[int], dict[str, Any]]:
+        device = next(model.parameters()).device
+        run = {"rounds": 0, "emitted": 0, "drafted": 0}
+        with TargetFeatures(model, self.drafter.feature_layers) as watch:
+            start = time.perf_counter()
+            logits, cache = forward_with_cache(model, torch.tensor([prompt], device=device))
+            ids = [*prompt, int(logits[0, -1].argmax())]
+            features = watch.last()
+            run["prefill_s"] = time.perf_counter() - start
+            self.drafter.start(model)
+            # Invariant: the target's cache holds every position but the last token of `ids`.
+            while len(ids) - len(prompt) < max_new and ids[-1] not in stop:
+                room = max_new - (len(ids) - len(prompt))
+                draft = self.drafter.propose(ids, features, min(self.k, room - 1)) if room > 1 else []
+                block = torch.tensor([[ids[-1], *draft]], device=device)
+                logits, cache = forward_with_cache(model, block, cache)
+                target = logits[0].argmax(-1).tolist()  # target[i]: greedy token after block[: i + 1]
+                n = 0
+                while n < len(draft) and draft[n] == target[n]:
+                    n += 1
+                accepted = [*draft[:n], target[n]]
+                crop_cache(cache, len(ids) + n)
+                feats = watch.last()
+                features = feats[: n + 1] if feats is not None else None
+                ids.extend(accepted)
+                run["rounds"] += 1
+                run["emitted"] += len(accepted)
+                run["drafted"] += len(draft)
+                if stop.intersection(accepted):
+                    break
+            run["decode_s"] = time.perf_counter() - start - run["prefill_s"]
+        new = ids[len(prompt) :]
+        for i, token in enumerate(new):
+            if token in stop:
+                new = new[: i + 1]
+                break
+        return new[:max_new], run
