@@ -102,7 +102,8 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
         run = runs.get(trial.number)
         metrics = dict(run.data.metrics) if run else {}
         metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
-        rows.append({"trial": trial.number, "method": method_label(run.data.params if run else {}), "params": dict(trial.params), **metrics,
+        rows.append({"trial": trial.number, "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
+                     "run_params": dict(run.data.params) if run else {}, **metrics,
                      "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
     return objectives, rows
 
@@ -162,10 +163,25 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         for r in shown:
             r[ratio] = r[first] / dense[0]
         columns.insert(columns.index(first) + 1 if first in columns else len(columns), ratio)
+    named = _pipeline_params(pipeline)
     for r in shown:
+        # what the pipeline set, fixed or searched (Optuna knows only the searched ones)
+        given = {f"{m}.{k}": v for key, v in r["run_params"].items() if key.count(".") == 2
+                 for _, m, k in [key.split(".")] if k in named.get(m, ())}
+        r["params"] = given or r["params"]
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), ""]
     return "\n".join(lines)
+
+
+def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:
+    """{method: parameter names the pipeline's stages give it}."""
+    named: dict[str, set[str]] = {}
+    for stage in pipeline.get("stages", []):
+        for option in stage.get("choice", [stage]) if isinstance(stage, dict) else []:
+            if isinstance(option, dict) and "method" in option:
+                named.setdefault(option["method"], set()).update((option.get("params") or {}).keys())
+    return named
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
