@@ -262,14 +262,22 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     import shlex
-    import sys
     from pathlib import Path
 
+    from paretolab.errors import ConfigError
     from paretolab.report import study_section
 
     stores = _stores(args)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-    sections = [study_section(name, stores, metrics, frontier=args.trials == "frontier") for name in args.studies]
+    sections = []
+    for name in args.studies:
+        try:
+            sections.append(study_section(name, stores, metrics, frontier=args.trials == "frontier"))
+        except ConfigError as exc:
+            if len(args.studies) == 1:
+                raise
+            print(f"paretolab: warning: {exc}", file=sys.stderr)
+            sections.append(f"## {name}\n\nNot in the stores yet: run its pipeline (`paretolab run pipelines/{name}.yaml`).\n")
     if not args.output:
         print("\n".join(sections))
         return 0
