@@ -56,6 +56,22 @@ class Generation:
     decode_s: float
     stats: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def concat(cls, parts: Sequence[Generation]) -> Generation:
+        """The generations of consecutive prompt groups as one: sequences in order, counts, times and stats summed."""
+        stats: dict[str, float] = {}
+        for part in parts:
+            for key, value in part.stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        return cls(
+            [seq for part in parts for seq in part.sequences],
+            sum(part.tokens_total for part in parts),
+            sum(part.tokens_sequential for part in parts),
+            sum(part.prefill_s for part in parts),
+            sum(part.decode_s for part in parts),
+            stats,
+        )
+
 
 class Generator(Protocol):
     """What ``Subject.generator`` must provide."""
@@ -108,19 +124,13 @@ class BatchedGenerator:
         ctx: TrialContext | None = None,
     ) -> Generation:
         chooser = TokenChooser(self.sampling, len(prompts))
-        out = Generation([], 0, 0, 0.0, 0.0)
-        for first in range(0, len(prompts), self.batch_size):
-            chunk = prompts[first : first + self.batch_size]
-            part = decode_batch(
-                subject.model, chunk, max_new_tokens=max_new_tokens, stop_ids=stop_ids, chooser=chooser,
-                row_ids=range(first, first + len(chunk)),
+        return Generation.concat([
+            decode_batch(
+                subject.model, prompts[first : first + self.batch_size], max_new_tokens=max_new_tokens,
+                stop_ids=stop_ids, chooser=chooser, row_ids=range(first, min(first + self.batch_size, len(prompts))),
             )
-            out.sequences.extend(part.sequences)
-            out.tokens_total += part.tokens_total
-            out.tokens_sequential += part.tokens_sequential
-            out.prefill_s += part.prefill_s
-            out.decode_s += part.decode_s
-        return out
+            for first in range(0, len(prompts), self.batch_size)
+        ])
 
 
 def decode_batch(
@@ -175,21 +185,15 @@ class GreedyGenerator:
         stop_ids: Sequence[int] = (),
         ctx: TrialContext | None = None,
     ) -> Generation:
-        sequences: list[list[int]] = []
-        prefill_s = decode_s = 0.0
-        steps = 0
-        for prompt in prompts:
-            ids = torch.tensor([list(prompt)], dtype=torch.long, device=subject.device)
-            new, seconds = _greedy(subject.model, ids, max_new_tokens, set(stop_ids))
-            prefill_s += seconds[0]
-            decode_s += seconds[1]
-            steps += len(new)
-            sequences.append(new)
-        return Generation(sequences, sum(map(len, sequences)), steps, prefill_s, decode_s)
+        return Generation.concat([
+            _greedy(subject.model, torch.tensor([list(prompt)], dtype=torch.long, device=subject.device), max_new_tokens, set(stop_ids))
+            for prompt in prompts
+        ])
 
 
 @torch.no_grad()
-def _greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, stop: set[int]) -> tuple[list[int], tuple[float, float]]:
+def _greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, stop: set[int]) -> Generation:
+    """One prompt (1, T), greedy, batch 1: every new token is one sequential step."""
     start = time.perf_counter()
     logits, cache = forward_with_cache(model, input_ids)
     next_id = logits[:, -1:].argmax(-1)  # (1, 1)
@@ -199,12 +203,11 @@ def _greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int
         logits, cache = forward_with_cache(model, next_id, cache)
         next_id = logits[:, -1:].argmax(-1)
         new.append(int(next_id))
-    return new, (prefilled - start, time.perf_counter() - prefilled)
+    return Generation([new], len(new), len(new), prefilled - start, time.perf_counter() - prefilled)
 
 
-@torch.no_grad()
 def greedy_decode(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *, eos_token_id: int | None = None) -> torch.Tensor:
     """Greedy continuation of ``input_ids`` (1, T) for up to ``max_new_tokens``; returns the new ids (1, N)."""
     stop = {eos_token_id} if eos_token_id is not None else set()
-    new, _ = _greedy(model, input_ids, max_new_tokens, stop)
+    new = _greedy(model, input_ids, max_new_tokens, stop).sequences[0]
     return torch.tensor([new], dtype=torch.long, device=input_ids.device)

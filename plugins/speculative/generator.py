@@ -100,31 +100,22 @@ class SpeculativeGenerator:
         stop_ids: Sequence[int] = (),
         ctx: TrialContext | None = None,
     ) -> Generation:
-        sequences: list[list[int]] = []
-        prefill_s = decode_s = 0.0
-        steps = rounds = emitted = drafted = 0
-        for prompt in prompts:
-            new, run = self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids))
-            sequences.append(new)
-            prefill_s += run["prefill_s"]
-            decode_s += run["decode_s"]
-            steps += 1 + run["rounds"]
-            rounds += run["rounds"]
-            emitted += run["emitted"]
-            drafted += run["drafted"]
-        stats = {"mean_accepted_len": emitted / rounds if rounds else 1.0, "draft_tokens": float(drafted)}
-        return Generation(sequences, sum(map(len, sequences)), steps, prefill_s, decode_s, stats)
+        total = Generation.concat([self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids)) for prompt in prompts])
+        rounds = total.stats["rounds"]
+        total.stats = {"mean_accepted_len": total.stats["emitted"] / rounds if rounds else 1.0, "draft_tokens": total.stats["drafted"]}
+        return total
 
     @torch.no_grad()
-    def _one(self, model: torch.nn.Module, prompt: list[int], max_new: int, stop: set[int]) -> tuple[list[int], dict[str, Any]]:
+    def _one(self, model: torch.nn.Module, prompt: list[int], max_new: int, stop: set[int]) -> Generation:
+        """One prompt; stats hold the counts (rounds, emitted, drafted) that :meth:`generate` turns into ratios."""
         device = next(model.parameters()).device
-        run = {"rounds": 0, "emitted": 0, "drafted": 0}
+        run = {"rounds": 0.0, "emitted": 0.0, "drafted": 0.0}
         with TargetFeatures(model, self.drafter.feature_layers) as watch:
             start = time.perf_counter()
             logits, cache = forward_with_cache(model, torch.tensor([prompt], device=device))
             ids = [*prompt, int(logits[0, -1].argmax())]
             features = watch.last()
-            run["prefill_s"] = time.perf_counter() - start
+            prefill_s = time.perf_counter() - start
             self.drafter.start(model)
             # Invariant: the target's cache holds every position but the last token of `ids`.
             while len(ids) - len(prompt) < max_new and ids[-1] not in stop:
@@ -146,10 +137,11 @@ class SpeculativeGenerator:
                 run["drafted"] += len(draft)
                 if stop.intersection(accepted):
                     break
-            run["decode_s"] = time.perf_counter() - start - run["prefill_s"]
+            decode_s = time.perf_counter() - start - prefill_s
         new = ids[len(prompt) :]
         for i, token in enumerate(new):
             if token in stop:
                 new = new[: i + 1]
                 break
-        return new[:max_new], run
+        new = new[:max_new]
+        return Generation([new], len(new), 1 + int(run["rounds"]), prefill_s, decode_s, run)
