@@ -13,13 +13,16 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from paretolab.errors import ConfigError, ParetolabError
 from paretolab.ray_auth import is_auth_error, token_help, use_token_if_present
 from paretolab.stores import OPTUNA_ENV, TRACKING_ENV, redact
+
+T = TypeVar("T")
 
 PACKAGES = ("paretolab", "paretolab.plugins", "paretolab.kernels", "paretolab.pipelines", "paretolab.dashboard")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -103,42 +106,34 @@ def submit(
     return Submission(job_id=job_id, study=spec.name, stores=where)
 
 
-def list_jobs(address: str | None) -> list[dict[str, Any]]:
-    """Every job the head knows, newest first, as plain rows."""
+def _ask(address: str | None, request: Callable[[Any], T], job_id: str | None = None) -> T:
+    """Run one request against the head's job API; any failure becomes an error that says what to check."""
     jobs = client(address)
     try:
-        details = jobs.list_jobs()
+        return request(jobs)
     except Exception as exc:
-        raise _explain(exc, jobs_address(address)) from exc
-    rows = [_row(d) for d in details]
+        raise _explain(exc, jobs_address(address), job_id) from exc
+
+
+def list_jobs(address: str | None) -> list[dict[str, Any]]:
+    """Every job the head knows, newest first, as plain rows."""
+    rows = [_row(d) for d in _ask(address, lambda jobs: jobs.list_jobs())]
     return sorted(rows, key=lambda r: r["start_time"] or 0, reverse=True)
 
 
 def job_status(address: str | None, job_id: str) -> dict[str, Any]:
     """One job's status, message and study."""
-    jobs = client(address)
-    try:
-        return _row(jobs.get_job_info(job_id))
-    except Exception as exc:
-        raise _explain(exc, jobs_address(address), job_id) from exc
+    return _row(_ask(address, lambda jobs: jobs.get_job_info(job_id), job_id))
 
 
 def job_logs(address: str | None, job_id: str) -> str:
     """The job driver's output so far."""
-    jobs = client(address)
-    try:
-        return str(jobs.get_job_logs(job_id))
-    except Exception as exc:
-        raise _explain(exc, jobs_address(address), job_id) from exc
+    return str(_ask(address, lambda jobs: jobs.get_job_logs(job_id), job_id))
 
 
 def stop_job(address: str | None, job_id: str) -> bool:
     """Ask Ray to stop the job (SIGTERM to the driver, which ends its trials as failed)."""
-    jobs = client(address)
-    try:
-        return bool(jobs.stop_job(job_id))
-    except Exception as exc:
-        raise _explain(exc, jobs_address(address), job_id) from exc
+    return bool(_ask(address, lambda jobs: jobs.stop_job(job_id), job_id))
 
 
 def stage_package(dest: Path) -> Path:
