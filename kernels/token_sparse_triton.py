@@ -28,6 +28,20 @@ from paretolab.kernels.token_sparse import check_shapes
 
 
 @triton.jit
+def _load_queries(q_ptr, b, h, pos, ok, d, d_ok, sqb, sqh, sql, sqd):
+    """Rows ``pos`` of query head ``h`` as (BQ, BD) fp32, zero where masked."""
+    return tl.load(q_ptr + b * sqb + h * sqh + pos[:, None] * sql + d[None, :] * sqd,
+                   mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_keys_t(k_ptr, b, kh, pos, ok, d, d_ok, skb, skh, skl, skd):
+    """Keys ``pos`` of key head ``kh``, transposed to (BD, BK) fp32 for ``tl.dot``, zero where masked."""
+    return tl.load(k_ptr + b * skb + kh * skh + pos[None, :] * skl + d[:, None] * skd,
+                   mask=ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _row_stats_kernel(
     q_ptr, k_ptr, m_ptr, l_ptr,
     H, GROUP, L, W, D, scale,
@@ -44,14 +58,12 @@ def _row_stats_kernel(
     q_pos = L - W + qi  # absolute positions
     d = tl.arange(0, BD)
     d_ok = d < D
-    q = tl.load(q_ptr + b * sqb + h * sqh + q_pos[:, None] * sql + d[None, :] * sqd,
-                mask=q_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # (BQ, BD)
+    q = _load_queries(q_ptr, b, h, q_pos, q_ok, d, d_ok, sqb, sqh, sql, sqd)  # (BQ, BD)
     m = tl.full([BQ], float("-inf"), tl.float32)
     s = tl.zeros([BQ], tl.float32)
     for k0 in range(0, L, BK):
         kj = k0 + tl.arange(0, BK)  # (BK,)
-        k = tl.load(k_ptr + b * skb + kh * skh + kj[None, :] * skl + d[:, None] * skd,
-                    mask=(kj[None, :] < L) & d_ok[:, None], other=0.0).to(tl.float32)  # (BD, BK)
+        k = _load_keys_t(k_ptr, b, kh, kj, kj < L, d, d_ok, skb, skh, skl, skd)  # (BD, BK)
         logits = tl.dot(q, k) * scale  # (BQ, BK)
         visible = (kj[None, :] <= q_pos[:, None]) & (kj[None, :] < L)
         logits = tl.where(visible, logits, float("-inf"))
@@ -79,14 +91,12 @@ def _prefix_scores_kernel(
     k_ok = kj < prefix
     d = tl.arange(0, BD)
     d_ok = d < D
-    k = tl.load(k_ptr + b * skb + kh * skh + kj[None, :] * skl + d[:, None] * skd,
-                mask=k_ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)  # (BD, BK)
+    k = _load_keys_t(k_ptr, b, kh, kj, k_ok, d, d_ok, skb, skh, skl, skd)  # (BD, BK)
     acc = tl.zeros([BK], tl.float32)
     for q0 in range(0, W, BQ):
         qi = q0 + tl.arange(0, BQ)
         q_ok = qi < W
-        q = tl.load(q_ptr + b * sqb + h * sqh + (prefix + qi)[:, None] * sql + d[None, :] * sqd,
-                    mask=q_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # (BQ, BD)
+        q = _load_queries(q_ptr, b, h, prefix + qi, q_ok, d, d_ok, sqb, sqh, sql, sqd)  # (BQ, BD)
         m = tl.load(m_ptr + bh * W + qi, mask=q_ok, other=0.0)
         s = tl.load(l_ptr + bh * W + qi, mask=q_ok, other=1.0)
         logits = tl.dot(q, k) * scale  # (BQ, BK); prefix keys precede every window query
