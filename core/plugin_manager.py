@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -140,11 +140,21 @@ def build_registries(pm: pluggy.PluginManager) -> Registries:
 def _version_of(plugin: object) -> str:
     module = getattr(plugin, "__name__", type(plugin).__module__)
     top = module.split(".")[0]
+    if top == "paretolab":  # the built-in plugins ship with paretolab itself
+        from paretolab import __version__
+
+        return __version__
     try:
-        dists = importlib.metadata.packages_distributions().get(top, [])
+        dists = _packages_distributions().get(top, [])
         return importlib.metadata.version(dists[0]) if dists else "unknown"
     except Exception:
         return "unknown"
+
+
+@lru_cache(maxsize=1)
+def _packages_distributions() -> Mapping[str, list[str]]:
+    """Top-level module -> distributions; reads every installed package's file list (seconds), so once per process."""
+    return importlib.metadata.packages_distributions()
 
 
 @lru_cache(maxsize=1)
@@ -163,3 +173,4 @@ def reset() -> None:
     """Forget the cached plugin manager and registries (tests, or after installing a plugin)."""
     registries.cache_clear()
     plugin_manager.cache_clear()
+    _packages_distributions.cache_clear()
