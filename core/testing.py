@@ -110,6 +110,11 @@ class MethodContract:
         result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
         assert not result.failed, result.traceback
         assert math.isfinite(result.metrics["ppl"]) and result.metrics["size_bytes"] > 0
+        if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
+            settings = TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, {"params": {}}, seed=0)
+            result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=1)
+            assert not result.failed, result.traceback
+            assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["tokens_total"] > 0
 
     def test_same_seed_same_model(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
         outputs = []

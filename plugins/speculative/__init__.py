@@ -45,6 +45,7 @@ METRICS = (
     Metric("greedy_decode_tok_s", "tokens/s", "maximize", "decode throughput of plain greedy decoding on the same prompts in the same run (the baseline)"),
     Metric("speedup_vs_greedy", "ratio", "maximize", "spec_decode_tok_s / greedy_decode_tok_s, measured in the same run"),
     Metric("spec_matches_greedy", "fraction", "maximize", "prompts whose speculative output equals the greedy output token for token (must be 1)"),
+    Metric("draft_tokens", "tokens", "minimize", "draft tokens proposed for verification while a generation task decoded with the speculative generator"),
 )
 
 
