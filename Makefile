@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast results clean
+.PHONY: install demo test test-fast results results-decoding clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ demo: $(STAMP)  ## pull SmolLM2-135M once, run pipelines/demo.yaml, print the Pa
 	$(BIN)/paretolab run pipelines/demo.yaml --resume
 
 test: $(STAMP)  ## the whole test suite (slow tests included)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 test-fast: $(STAMP)  ## the suite without slow tests
 	$(BIN)/python -m pytest -m "not slow"
@@ -36,6 +36,17 @@ results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 
 	$(BIN)/paretolab models pull smollm2-135m
 	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(CLAIMS) --trials all --output pipelines/README.md
+
+# The decoding claim checks (issue 5): the EAGLE draft is trained once (skipped when one exists),
+# then Parallel-Probe, speculative decoding and token sparse attention run as studies, and
+# pipelines/DECODING.md is regenerated from them.
+DECODING := parallel_probe speculative token_sparse_attention
+results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
+	$(BIN)/paretolab models pull smollm2-135m
+	if ! $(BIN)/python -c "from paretolab.plugins.speculative.train import draft_path; exit(0 if draft_path('smollm2-135m').is_file() else 1)"; then \
+	  $(BIN)/paretolab draft train --tokens 98304 --budget-min 25 --no-progress; fi
+	for p in $(DECODING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(DECODING) --trials all --output pipelines/DECODING.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info
