@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. `paretolab report wanda_vs_magnitude macko --trials all --output pipelines/README.md`."
     ))
     report.add_argument("studies", nargs="+", help="study names")
-    report.add_argument("--metrics", default=REPORT_METRICS, help=f"comma-separated metric columns (default {REPORT_METRICS})")
+    report.add_argument("--metrics", default=REPORT_METRICS, help=f"comma-separated metric columns after the study's objectives, which are always shown (default {REPORT_METRICS})")
     report.add_argument("--trials", choices=("frontier", "all"), default="frontier", help="each method's Pareto set (default) or every complete trial")
     report.add_argument("--output", metavar="FILE", help="write a Markdown document to FILE instead of printing the tables")
     _store_flags(report)

@@ -155,7 +155,8 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     if not rows:
         return "\n".join([*lines, "No complete trials yet.", ""])
     shown = _per_method(objectives, rows, frontier=frontier)
-    columns = ["method", "params", *[m for m in metrics if any(m in r for r in shown)]]
+    wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
+    columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
     first = objectives[0][0]
     dense = [r[first] for r in rows if r["method"] == "none"]
     if dense and dense[0]:
