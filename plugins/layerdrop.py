@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -95,6 +96,23 @@ def remove_layers(model: torch.nn.Module, drop: list[int]) -> list[int]:
     if getattr(config, "layer_types", None):
         config.layer_types = [config.layer_types[i] for i in kept]
     return kept
+
+
+@contextmanager
+def layers_removed(model: torch.nn.Module, drop: Sequence[int]) -> Iterator[list[int]]:
+    """While active, ``model`` runs as :func:`remove_layers` leaves it; on exit every layer, index and config field is back."""
+    layers = decoder_layers(model)
+    indices = [(module, module.layer_idx) for module in layers.modules() if hasattr(module, "layer_idx")]
+    config = model.config
+    saved = {key: getattr(config, key) for key in ("num_hidden_layers", "layer_types") if hasattr(config, key)}
+    try:
+        yield remove_layers(model, list(drop))
+    finally:
+        model.model.layers = layers
+        for module, index in indices:
+            module.layer_idx = index
+        for key, value in saved.items():
+            setattr(config, key, value)
 
 
 def _rename_storage(subject: Subject, kept: list[int]) -> None:

@@ -6,40 +6,20 @@ by the layerdrop plugin's layer-importance code (block influence, or its iterati
 shift, on calibration text) and the least important go, no search, no adaptive draft length.
 Also ours: the draft keeps its own KV cache (the skipped pass sees different hidden states,
 so the target's cache is not reused), and it runs on the target's own weights (nothing copied):
-during a draft forward the kept layers are swapped in and renumbered, then restored.
+during a draft forward the layerdrop plugin's ``layers_removed`` takes the skipped layers out, then puts them back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from paretolab.generation import forward_with_cache
 from paretolab.plugins._layerwise import decoder_layers
+from paretolab.plugins.layerdrop import layers_removed
 from paretolab.plugins.speculative.generator import crop_cache
-
-
-@contextmanager
-def skipping_layers(model: torch.nn.Module, skip: Sequence[int]) -> Iterator[None]:
-    """While active, ``model`` runs without the decoder layers in ``skip`` (cache slots renumbered)."""
-    layers = decoder_layers(model)
-    kept = [layer for i, layer in enumerate(layers) if i not in set(skip)]
-    attention = [(m, m.layer_idx) for layer in kept for m in layer.modules() if hasattr(m, "layer_idx")]
-    slot = {id(layer): new for new, layer in enumerate(kept)}
-    try:
-        model.model.layers = torch.nn.ModuleList(kept)
-        for layer in kept:
-            for module in layer.modules():
-                if hasattr(module, "layer_idx"):
-                    module.layer_idx = slot[id(layer)]
-        yield
-    finally:
-        model.model.layers = layers
-        for module, index in attention:
-            module.layer_idx = index
 
 
 class LayerSkipDrafter:
@@ -78,7 +58,7 @@ class LayerSkipDrafter:
         device = next(self.model.parameters()).device
         draft: list[int] = []
         feed = ids[common:]
-        with skipping_layers(self.model, self.skip):
+        with layers_removed(self.model, self.skip):
             while len(draft) < k:
                 logits, self.cache = forward_with_cache(self.model, torch.tensor([feed], device=device), self.cache)
                 self.fed.extend(feed)

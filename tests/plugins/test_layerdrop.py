@@ -52,6 +52,19 @@ def test_pruned_model_generates_with_the_kv_cache(tiny6: Subject, ctx: TrialCont
     assert greedy_decode(model, prompt, 5).shape == (1, 5)
 
 
+def test_layers_removed_runs_without_them_then_puts_everything_back(tiny6: Subject) -> None:
+    model, ids = tiny6.model, torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        with layerdrop.layers_removed(model, [1, 3]) as kept:
+            assert kept == [0, 2, 4, 5] and model.config.num_hidden_layers == 4
+            assert not torch.equal(model(input_ids=ids).logits, before)
+        after = model(input_ids=ids).logits
+    assert model.config.num_hidden_layers == 6 and len(model.model.layers) == 6
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == list(range(6))
+    assert torch.equal(after, before)
+
+
 def test_block_influence_drops_the_lowest_shift_layers(tiny6: Subject, ctx: TrialContext) -> None:
     ids = ctx.calibration_ids(tiny6.tokenizer, n_samples=4, seq_len=48)
     shifts = representation_shift(tiny6.model, ids)
