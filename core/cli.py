@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
     submit.add_argument("--storage", help="Optuna storage URL for the job (no password in it; see --help)")
     submit.add_argument("--tracking-uri", help="MLflow tracking URI for the job (an MLflow server reachable from the cluster)")
-    submit.add_argument("--no-code", action="store_true", help="use the paretolab installed on the cluster instead of shipping this one")
+    submit.add_argument("--no-code", action="store_true", help="use the paretolab and plugins installed on the cluster instead of shipping this machine's")
     submit.set_defaults(func=cmd_submit)
 
     jobs = sub.add_parser("jobs", help="list, inspect, read the logs of, or stop Ray jobs")
