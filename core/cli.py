@@ -350,7 +350,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from paretolab.plugin_manager import registries
 
     regs = registries()
-    methods = [m.describe() | {"plugin": regs.methods.owner(m.name)} for m in regs.methods]
+    methods = [m.describe() | {"plugin": regs.methods.owner(m.name), "distribution": _distribution(regs, regs.methods.owner(m.name))} for m in regs.methods]
     if args.json:
         payload = {
             "methods": methods,
@@ -363,7 +363,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         return 0
     print("methods:")
     for m in methods:
-        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}")
+        dist = f" ({m['distribution']})" if m["distribution"] else ""
+        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}{dist}")
         if m["paper"]:
             print(f"      paper: {m['paper']}")
         for key, text in m["search_space"].items():
@@ -382,6 +383,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for model in regs.models:
         print(f"  {model.name}: {model.description}")
     return 0
+
+
+def _distribution(regs: Any, owner: str) -> str:
+    """A third-party plugin's "distribution version" ("" for paretolab's own)."""
+    return "" if owner.startswith("paretolab.") else regs.plugin_versions.get(owner, "unknown")
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
