@@ -176,7 +176,7 @@ def _stores(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from paretolab.report import frontier_rows, print_frontier
+    from paretolab.report import failure_reasons, frontier_rows, load_study, print_failures, print_frontier
     from paretolab.spec import load_spec
     from paretolab.study import run_study
 
@@ -188,6 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=str))
     else:
         print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
+        print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
     return 130 if outcome.interrupted else 0
 
@@ -297,13 +298,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from paretolab.report import study_summaries
+    from paretolab.report import print_failures, study_summaries
 
     rows = study_summaries(_stores(args))
     if not rows:
         print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
         return 0
     _table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
+    for row in rows:
+        print_failures(row["study"], row["failures"])
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -71,8 +73,27 @@ def study_summaries(stores: Stores) -> list[dict[str, Any]]:
             "running": count[optuna.trial.TrialState.RUNNING],
             "objectives": ",".join(m for m, _ in study.user_attrs.get("objectives", [])),
             "last_update": last.isoformat(timespec="seconds") if isinstance(last, dt.datetime) else "",
+            "failures": failure_reasons(trials),
         })
     return out
+
+
+def failure_reasons(trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[str, int]]:
+    """(reason, count) over the failed trials, most frequent first; a reason is the first line the driver recorded."""
+    reasons = Counter(
+        ((t.user_attrs.get("fail_reason") or "").strip().splitlines() or ["no reason recorded"])[0][:200]
+        for t in trials
+        if t.state == optuna.trial.TrialState.FAIL
+    )
+    return reasons.most_common()
+
+
+def print_failures(name: str, reasons: list[tuple[str, int]]) -> None:
+    """One line per reason, with how many failed trials gave it."""
+    if reasons:
+        print(f"failed trials of {name!r} by reason:")
+        for reason, count in reasons:
+            print(f"  {count:>4} x {reason}")
 
 
 def _num(value: Any) -> str:

@@ -92,6 +92,10 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
     hook_log = tmp_path / "hooks.jsonl"
     out = run_cli("run", str(pipeline), "--address", ray_head, "--no-progress", cwd=tmp_path, env={"PARETOLAB_TEST_HOOK_LOG": str(hook_log)})
     assert "2 trial(s) completed, 3 failed" in out.stdout
+    reasons = out.stdout.split("failed trials of 'faults' by reason:\n")[1].splitlines()[:3]
+    assert sorted(line.split(" x ")[0].strip() for line in reasons) == ["1", "1", "1"]
+    assert any("RuntimeError: deliberate failure for the tests" in line for line in reasons)
+    assert any("timed out after 20 s" in line for line in reasons)
     calls = [json.loads(line) for line in hook_log.read_text().splitlines()]
     assert sorted(c["number"] for c in calls if c["hook"] == "started") == list(range(5))
     finished = {c["number"]: c["error"] for c in calls if c["hook"] == "finished"}
