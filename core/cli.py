@@ -176,6 +176,7 @@ def _stores(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from paretolab.models import quality_note
     from paretolab.report import failure_reasons, frontier_rows, load_study, print_failures, print_frontier
     from paretolab.spec import load_spec
     from paretolab.study import run_study
@@ -190,6 +191,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
         print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
+        note = quality_note(spec.model)
+        if note:
+            print(f"warning: {note}")
     return 130 if outcome.interrupted else 0
 
 
@@ -251,13 +255,19 @@ def cmd_draft_train(args: argparse.Namespace) -> int:
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
-    from paretolab.report import frontier_rows, print_frontier
+    from paretolab.report import frontier_rows, print_frontier, study_quality_note
 
-    rows = frontier_rows(args.study, _stores(args))
+    stores = _stores(args)
+    rows = frontier_rows(args.study, stores)
+    note = study_quality_note(args.study, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
+        if note:
+            print(f"paretolab: warning: {note}", file=sys.stderr)
     else:
         print_frontier(args.study, rows)
+        if note:
+            print(f"warning: {note}")
     return 0
 
 

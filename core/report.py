@@ -44,6 +44,13 @@ def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
     return rows
 
 
+def study_quality_note(name: str, stores: Stores) -> str:
+    """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
+    from paretolab.models import quality_note
+
+    return quality_note(str(load_study(name, stores).user_attrs.get("model", "")))
+
+
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         print(f"study {name!r} has no completed trials yet")
@@ -173,6 +180,9 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         + f"; {len(rows)} complete trial(s), {failed} failed.",
         "",
     ]
+    note = study_quality_note(name, stores)
+    if note:
+        lines += [f"> **{note}.**", ""]
     if not rows:
         return "\n".join([*lines, "No complete trials yet.", ""])
     shown = _per_method(objectives, rows, frontier=frontier)
