@@ -71,23 +71,21 @@ class Subject:
 
     def copy(self) -> Subject:
         """A private deep copy for one trial (the tokenizer is shared: methods replace, never mutate it)."""
-        memo: dict[int, Any] = {}
-        model = copy.deepcopy(self.model, memo)
-        storage = self.current_storage()
-        owners = {}
-        for name, ref in self.storage_owner.items():
-            if name in storage:  # its owner is alive and part of the model, so the deep copy has its twin
-                owners[name] = weakref.ref(memo[id(ref())])
-        return Subject(
-            model=model,
+        storage = self.current_storage()  # records of replaced tensors are dropped, not copied
+        twin = Subject(
+            model=copy.deepcopy(self.model),
             tokenizer=self.tokenizer,
             model_name=self.model_name,
             generator=copy.deepcopy(self.generator),
             storage=storage,
             info=copy.deepcopy(self.info),
             simulated_by=list(self.simulated_by),
-            storage_owner=owners,
         )
+        for name in storage:
+            owner = twin._owner(name) if name in self.storage_owner else None
+            if owner is not None:  # the copy's tensor at the same name is the twin of the one the record describes
+                twin.storage_owner[name] = weakref.ref(owner)
+        return twin
 
     @property
     def device(self) -> torch.device:
