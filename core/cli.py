@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
     submit.add_argument("--storage", help="Optuna storage URL for the job (no password in it; see --help)")
     submit.add_argument("--tracking-uri", help="MLflow tracking URI for the job (an MLflow server reachable from the cluster)")
-    submit.add_argument("--no-code", action="store_true", help="use the paretolab installed on the cluster instead of shipping this one")
+    submit.add_argument("--no-code", action="store_true", help="use the paretolab and plugins installed on the cluster instead of shipping this machine's")
     submit.set_defaults(func=cmd_submit)
 
     jobs = sub.add_parser("jobs", help="list, inspect, read the logs of, or stop Ray jobs")
@@ -176,7 +176,8 @@ def _stores(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from paretolab.report import frontier_rows, print_frontier
+    from paretolab.models import quality_note
+    from paretolab.report import failure_reasons, frontier_rows, load_study, print_failures, print_frontier
     from paretolab.spec import load_spec
     from paretolab.study import run_study
 
@@ -188,7 +189,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=str))
     else:
         print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
+        print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
+        note = quality_note(spec.model)
+        if note:
+            print(f"warning: {note}")
     return 130 if outcome.interrupted else 0
 
 
@@ -250,13 +255,19 @@ def cmd_draft_train(args: argparse.Namespace) -> int:
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
-    from paretolab.report import frontier_rows, print_frontier
+    from paretolab.report import frontier_rows, print_frontier, study_quality_note
 
-    rows = frontier_rows(args.study, _stores(args))
+    stores = _stores(args)
+    rows = frontier_rows(args.study, stores)
+    note = study_quality_note(args.study, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
+        if note:
+            print(f"paretolab: warning: {note}", file=sys.stderr)
     else:
         print_frontier(args.study, rows)
+        if note:
+            print(f"warning: {note}")
     return 0
 
 
@@ -297,13 +308,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from paretolab.report import study_summaries
+    from paretolab.report import print_failures, study_summaries
 
     rows = study_summaries(_stores(args))
     if not rows:
         print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
         return 0
     _table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
+    for row in rows:
+        print_failures(row["study"], row["failures"])
     return 0
 
 
@@ -350,7 +363,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from paretolab.plugin_manager import registries
 
     regs = registries()
-    methods = [m.describe() | {"plugin": regs.methods.owner(m.name)} for m in regs.methods]
+    methods = [m.describe() | {"plugin": regs.methods.owner(m.name), "distribution": _distribution(regs, regs.methods.owner(m.name))} for m in regs.methods]
     if args.json:
         payload = {
             "methods": methods,
@@ -363,7 +376,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         return 0
     print("methods:")
     for m in methods:
-        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}")
+        dist = f" ({m['distribution']})" if m["distribution"] else ""
+        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}{dist}")
         if m["paper"]:
             print(f"      paper: {m['paper']}")
         for key, text in m["search_space"].items():
@@ -382,6 +396,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for model in regs.models:
         print(f"  {model.name}: {model.description}")
     return 0
+
+
+def _distribution(regs: Any, owner: str) -> str:
+    """A third-party plugin's "distribution version" ("" for paretolab's own)."""
+    return "" if owner.startswith("paretolab.") else regs.plugin_versions.get(owner, "unknown")
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:

@@ -14,8 +14,9 @@ class TrialContext:
     """Per-trial facts and helpers handed to ``transform``, ``evaluate`` and ``measure``.
 
     ``seed`` is the study seed plus the trial number: use ``generator()`` for any randomness
-    so that a trial is reproducible from its number. Files written under ``workdir`` and
-    listed with ``add_artifact`` are logged to MLflow by the driver.
+    so that a trial is reproducible from its number. ``device`` is the subject's device: put new
+    tensors there. Files written under ``workdir`` and listed with ``add_artifact`` are logged
+    to MLflow by the driver.
     """
 
     seed: int

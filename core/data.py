@@ -1,9 +1,10 @@
 """Evaluation data: the built-in corpus, WikiText-2, plain text files and jsonl task files.
 
 Offline first. A named data set is looked for in ``$PARETOLAB_DATA_DIR`` (the layout of the
-project's shared data folder: ``wikitext2/wiki.test.raw``, ``mc/*.jsonl``, ...), then in a
-``shared/data`` folder beside or above the working directory, then downloaded from its usual
-source into the cache (which needs a network).
+project's shared data folder: ``wikitext2/wiki.test.raw``, ``mc/*.jsonl``, ...), then in the
+``shared/data`` folder inside or beside paretolab's checkout (never one that merely sits above
+the working directory), then downloaded from its usual source into the cache (which needs a
+network).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any
 from paretolab.errors import ConfigError
 
 DATA_ENV = "PARETOLAB_DATA_DIR"
+# The repository this module runs from when paretolab is a checkout (an editable install); None otherwise.
+_ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT: Path | None = _ROOT if (_ROOT / "pyproject.toml").is_file() else None
 
 # sha256 of the joined pydoc_data.topics prose, by Python minor version: the corpus is
 # pinned so that perplexities are comparable across machines running the same Python.
@@ -55,13 +59,10 @@ def data_dirs() -> list[Path]:
     dirs = []
     if os.environ.get(DATA_ENV):
         dirs.append(Path(os.environ[DATA_ENV]))
-    here = Path.cwd().resolve()
-    for base in (here, *here.parents):
-        for candidate in (base / "shared" / "data", base.parent / "shared" / "data"):
+    if CHECKOUT is not None:
+        for candidate in (CHECKOUT / "shared" / "data", CHECKOUT.parent / "shared" / "data"):
             if candidate.is_dir() and candidate not in dirs:
                 dirs.append(candidate)
-        if len(dirs) > 2:
-            break
     dirs.append(cache_dir() / "data")
     return dirs
 

@@ -1,16 +1,21 @@
 """Studies as Ray jobs: `paretolab submit` and `paretolab jobs`, with Ray's job API wrapped once here.
 
-A submitted job carries the pipeline (the job's working directory) and paretolab's own code
-(``py_modules``), so the cluster needs only paretolab's dependencies (the deploy/ image has them).
+A submitted job carries the pipeline and the third-party plugins it uses (the job's working
+directory, which Ray puts on every worker's PYTHONPATH: each plugin's module and its
+distribution's ``.dist-info``, so its entry point is found there) and paretolab's own code
+(``py_modules``), so the cluster needs only the dependencies (the deploy/ image has paretolab's;
+a plugin's own must be on the image).
 Inside the job the driver runs ``paretolab run PIPELINE --resume --address auto``: submitting the
 same pipeline again finishes a study whose driver died.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -92,6 +97,11 @@ def submit(
         runtime_env: dict[str, Any] = {"working_dir": str(workdir)}
         if ship_code:
             runtime_env["py_modules"] = [str(stage_package(Path(tmp) / "code"))]
+            for path in plugin_files(spec):
+                if path.is_dir():
+                    shutil.copytree(path, workdir / path.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build"))
+                else:
+                    shutil.copyfile(path, workdir / path.name)
         if env_vars:
             runtime_env["env_vars"] = env_vars
         job_id = f"paretolab-{spec.name}-{uuid.uuid4().hex[:8]}"
@@ -146,6 +156,43 @@ def stage_package(dest: Path) -> Path:
         target = dest.joinpath(*name.split("."))
         shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build"))
     return dest / "paretolab"
+
+
+def plugin_files(spec: Any) -> list[Path]:
+    """For each third-party plugin the pipeline uses: its top-level module (file or package) and its ``.dist-info``."""
+    from paretolab.plugin_manager import BUILTIN_PLUGINS, plugin_manager, registries
+
+    regs = registries()
+    owners = {regs.methods.owner(option.method) for stage in spec.stages for option in stage.options}
+    owners.add(regs.tasks.owner(spec.task))
+    owners |= {regs.measures.owner(name) for name in spec.measures or {}}
+    if spec.model in regs.models:
+        owners.add(regs.models.owner(spec.model))
+    files: list[Path] = []
+    for owner in sorted(owners - set(BUILTIN_PLUGINS)):
+        plugin = plugin_manager().get_plugin(owner)
+        module_name = getattr(plugin, "__name__", type(plugin).__module__)
+        top = sys.modules[module_name.split(".")[0]]
+        if top.__name__ == "paretolab":
+            continue  # shipped with paretolab's own code
+        paths = list(getattr(top, "__path__", []))
+        source = Path(paths[0] if paths else str(top.__file__)).resolve()
+        for path in (source, _dist_info(top.__name__, owner)):
+            if path not in files:
+                files.append(path)
+    return files
+
+
+def _dist_info(top_module: str, owner: str) -> Path:
+    """The installed ``.dist-info`` folder of the distribution that provides ``top_module``."""
+    for name in importlib.metadata.packages_distributions().get(top_module, []):
+        for file in importlib.metadata.distribution(name).files or []:
+            if file.parent.name.endswith(".dist-info"):
+                return Path(str(importlib.metadata.distribution(name).locate_file(file.parent))).resolve()
+    raise ParetolabError(
+        f"plugin {owner!r} ({top_module}) is not an installed distribution, so its entry point cannot travel to the "
+        f"cluster: install it with `pip install` (docs/plugins.md), or submit with --no-code to an image that has it"
+    )
 
 
 def _package_dir(name: str) -> Path:

@@ -73,7 +73,8 @@ class Size(Measure):
     def measure(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
         total = sum(subject.storage_of(name).nbytes(t) for name, t in unique_parameters(subject.model))
         # Formats that keep their own buffers (not Parameters) report them under their module name.
-        total += sum(s.stored_bytes or 0 for name, s in subject.storage.items() if name.startswith("format:"))
+        # A record whose tensor or module a later stage replaced no longer counts (current_storage).
+        total += sum(s.stored_bytes or 0 for name, s in subject.current_storage().items() if name.startswith("format:"))
         return {"size_bytes": float(total)}
 
 

@@ -22,6 +22,7 @@ class ModelSource:
 
     name: str = ""
     description: str = ""
+    quality_note: str = ""  # why quality metrics on this model mean nothing ("has random weights"), if they do not
 
     def is_cached(self) -> bool:
         return True
@@ -32,6 +33,15 @@ class ModelSource:
 
     def load(self) -> Subject:
         raise NotImplementedError
+
+
+def quality_note(model: str) -> str:
+    """A one-line warning when a study's quality numbers on ``model`` are not meaningful; "" otherwise."""
+    from paretolab.plugin_manager import registries
+
+    models = registries().models
+    note = models.get(model).quality_note if model in models else ""
+    return f"Not meaningful for quality: model {model!r} {note}; its quality metrics (ppl, acc, ...) exercise the mechanics only" if note else ""
 
 
 class SmolLM2(ModelSource):
@@ -96,6 +106,7 @@ class TinyLlama(ModelSource):
 
     name = "tiny-llama"
     description = "random-init Llama (2 layers, hidden 64, byte vocabulary), seeded; for tests and smoke runs"
+    quality_note = "has random weights"
 
     def __init__(self, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> None:
         self.seed, self.layers, self.hidden = seed, layers, hidden

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,15 @@ def use_token_if_present() -> None:
     """Turn Ray's token mode on for this process when a token is here (Ray reads this before import)."""
     if "RAY_AUTH_MODE" not in os.environ and token_source():
         os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def quiet_local_token_notice() -> None:
+    """Drop Ray's "token authentication is enabled" notice, which a private local Ray logs on every run.
+
+    Ray's behaviour is unchanged (token mode on by default, a token made under ~/.ray if none);
+    only that one logger is raised to errors.
+    """
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 def is_auth_error(exc: BaseException) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -42,6 +44,13 @@ def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
     return rows
 
 
+def study_quality_note(name: str, stores: Stores) -> str:
+    """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
+    from paretolab.models import quality_note
+
+    return quality_note(str(load_study(name, stores).user_attrs.get("model", "")))
+
+
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         print(f"study {name!r} has no completed trials yet")
@@ -71,8 +80,27 @@ def study_summaries(stores: Stores) -> list[dict[str, Any]]:
             "running": count[optuna.trial.TrialState.RUNNING],
             "objectives": ",".join(m for m, _ in study.user_attrs.get("objectives", [])),
             "last_update": last.isoformat(timespec="seconds") if isinstance(last, dt.datetime) else "",
+            "failures": failure_reasons(trials),
         })
     return out
+
+
+def failure_reasons(trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[str, int]]:
+    """(reason, count) over the failed trials, most frequent first; a reason is the first line the driver recorded."""
+    reasons = Counter(
+        ((t.user_attrs.get("fail_reason") or "").strip().splitlines() or ["no reason recorded"])[0][:200]
+        for t in trials
+        if t.state == optuna.trial.TrialState.FAIL
+    )
+    return reasons.most_common()
+
+
+def print_failures(name: str, reasons: list[tuple[str, int]]) -> None:
+    """One line per reason, with how many failed trials gave it."""
+    if reasons:
+        print(f"failed trials of {name!r} by reason:")
+        for reason, count in reasons:
+            print(f"  {count:>4} x {reason}")
 
 
 def _num(value: Any) -> str:
@@ -152,6 +180,9 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         + f"; {len(rows)} complete trial(s), {failed} failed.",
         "",
     ]
+    note = study_quality_note(name, stores)
+    if note:
+        lines += [f"> **{note}.**", ""]
     if not rows:
         return "\n".join([*lines, "No complete trials yet.", ""])
     shown = _per_method(objectives, rows, frontier=frontier)

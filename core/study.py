@@ -342,6 +342,9 @@ def _init_ray(address: str | None) -> None:
         # left on this machine (plain ray.init() would, via /tmp/ray/ray_current_cluster).
         kwargs["address"] = "local"
         kwargs["include_dashboard"] = False
+        from paretolab.ray_auth import quiet_local_token_notice
+
+        quiet_local_token_notice()
         # Ray starts workers at niceness 15; here the trials are the work, and a niced worker
         # loses every core to whatever else runs on the machine (its latencies with it).
         os.environ.setdefault("RAY_worker_niceness", "0")

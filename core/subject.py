@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,26 +32,60 @@ class Subject:
     storage: dict[str, TensorStorage] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     simulated_by: list[str] = field(default_factory=list)
+    # The tensor (or, for "format:<module>", the module) each storage record was set for: a record
+    # whose tensor has since been replaced describes a weight that is gone and no longer applies.
+    storage_owner: dict[str, weakref.ref] = field(default_factory=dict, repr=False)
 
     def storage_of(self, param_name: str) -> TensorStorage:
         """How parameter ``param_name`` is stored (dense in its dtype unless a method said otherwise)."""
+        if self._replaced(param_name):
+            return DENSE
         return self.storage.get(param_name, DENSE)
 
     def set_storage(self, param_name: str, **changes: object) -> None:
-        """Compose a storage change (e.g. ``sparse=True``) onto what earlier stages set."""
+        """Compose a storage change (e.g. ``sparse=True``) onto what earlier stages set for the same tensor."""
         self.storage[param_name] = self.storage_of(param_name).with_(**changes)
+        owner = self._owner(param_name)
+        if owner is None:
+            self.storage_owner.pop(param_name, None)
+        else:
+            self.storage_owner[param_name] = weakref.ref(owner)
+
+    def current_storage(self) -> dict[str, TensorStorage]:
+        """The storage records that still describe a tensor or module of the model."""
+        return {name: record for name, record in self.storage.items() if not self._replaced(name)}
+
+    def _owner(self, name: str) -> Any:
+        """The Parameter/buffer ``name`` names, or the module of a ``format:<module>`` record; None if absent."""
+        path = name[len("format:"):] if name.startswith("format:") else name
+        target: Any = self.model
+        for part in path.split(".") if path else []:
+            target = getattr(target, part, None)
+            if target is None:
+                return None
+        return target if isinstance(target, (torch.Tensor, torch.nn.Module)) else None
+
+    def _replaced(self, name: str) -> bool:
+        ref = self.storage_owner.get(name)
+        return ref is not None and ref() is not self._owner(name)
 
     def copy(self) -> Subject:
         """A private deep copy for one trial (the tokenizer is shared: methods replace, never mutate it)."""
-        return Subject(
+        storage = self.current_storage()  # records of replaced tensors are dropped, not copied
+        twin = Subject(
             model=copy.deepcopy(self.model),
             tokenizer=self.tokenizer,
             model_name=self.model_name,
             generator=copy.deepcopy(self.generator),
-            storage=dict(self.storage),
+            storage=storage,
             info=copy.deepcopy(self.info),
             simulated_by=list(self.simulated_by),
         )
+        for name in storage:
+            owner = twin._owner(name) if name in self.storage_owner else None
+            if owner is not None:  # the copy's tensor at the same name is the twin of the one the record describes
+                twin.storage_owner[name] = weakref.ref(owner)
+        return twin
 
     @property
     def device(self) -> torch.device:

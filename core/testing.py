@@ -15,10 +15,11 @@ The suite runs each check on a tiny random Llama (override ``subject`` for anoth
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 import pytest
@@ -48,8 +49,37 @@ def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the 
         return subject.model(input_ids=ids).logits.float()
 
 
+def held_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every distinct tensor the model keeps (parameters and buffers, shared ones once)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor is not None:
+            seen[tensor.data_ptr()] = max(seen.get(tensor.data_ptr(), 0), tensor.numel() * tensor.element_size())
+    return sum(seen.values())
+
+
+def reported_bytes(subject: Subject, ctx: TrialContext) -> int:
+    """``size_bytes`` as the size measure reports it."""
+    from paretolab.measures import NoOptions, Size
+
+    return int(Size().measure(subject, NoOptions(), ctx)["size_bytes"])
+
+
+def observable_state(subject: Subject) -> tuple[Any, ...]:
+    """What a method may change: the model's output, its modules and config, the generator, the tokenizer, the storage records."""
+    config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
+    modules = tuple(type(m).__name__ for m in subject.model.modules())
+    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage))
+
+
 class MethodContract:
-    """Checks every method must pass. Override the ``method`` fixture."""
+    """Checks every method must pass. Override the ``method`` fixture.
+
+    ``changes_subject`` is True for every real method; only an identity (the ``none`` baseline)
+    sets it to False.
+    """
+
+    changes_subject: ClassVar[bool] = True
 
     @pytest.fixture
     def method(self) -> Method:
@@ -123,3 +153,47 @@ class MethodContract:
             torch.manual_seed(7)
             outputs.append(logits_of(method.transform(subject.copy(), dict(params), ctx)))
         assert torch.equal(outputs[0], outputs[1]), "the same seed and params must give the same model"
+
+    def test_ignores_the_global_rng(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
+        outputs = []
+        for global_seed in (1, 2):
+            ctx = TrialContext(seed=7, workdir=tmp_path / f"global{global_seed}")
+            torch.manual_seed(global_seed)
+            outputs.append(logits_of(method.transform(subject.copy(), dict(params), ctx)))
+        assert torch.equal(outputs[0], outputs[1]), (
+            "the model depends on torch's global RNG state: draw randomness from ctx.generator() instead"
+        )
+
+    def test_reports_what_it_stores(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        if method.cost_is != "real":
+            pytest.skip("size_bytes of a simulated method is the size it would have, not what it keeps")
+        unreported_before = held_bytes(subject.model) - reported_bytes(subject, ctx)
+        out = method.transform(subject.copy(), dict(params), ctx)
+        unreported_after = held_bytes(out.model) - reported_bytes(out, ctx)
+        assert unreported_after <= unreported_before, (
+            f"the model keeps {unreported_after - unreported_before} bytes more than size_bytes reports: "
+            "keep weights as Parameters (counted dense) or report formats with subject.set_storage(..., stored_bytes=N)"
+        )
+
+    def test_defaults_belong_to_the_space(self, method: Method) -> None:
+        space = method.search_space()
+        undefaulted = [key for key in space if key not in method.defaults()]
+        for key in method.defaults():
+            if key not in space:
+                close = difflib.get_close_matches(key, undefaulted, n=1, cutoff=0.6)
+                assert not close, f"defaults() key {key!r} is not in search_space(); did you mean {close[0]!r}?"
+
+    def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        own = subject.copy()
+        before_state, before_logits, before_size = observable_state(own), logits_of(own), reported_bytes(own, ctx)
+        out = method.transform(own, dict(params), ctx)
+        changed = (
+            observable_state(out) != before_state
+            or not torch.equal(logits_of(out), before_logits)
+            or reported_bytes(out, ctx) != before_size
+        )
+        assert changed == self.changes_subject, (
+            f"transform() with {params} changed neither the model's output, its modules, config or size, nor the generator or tokenizer"
+            if self.changes_subject
+            else "this identity method changed the subject"
+        )

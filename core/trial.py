@@ -81,6 +81,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 torch.manual_seed(ctx.seed)
                 t0 = time.perf_counter()
                 subject = base.copy()
+                ctx.device = subject.device  # where methods put new tensors (the worker's GPU, when it has one)
                 result.stage_s["copy"] = time.perf_counter() - t0
                 methods = []
                 for stage in plan:

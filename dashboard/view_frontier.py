@@ -8,6 +8,7 @@ import streamlit as st
 from paretolab.dashboard.context import Context
 from paretolab.dashboard.data import frontier_numbers
 from paretolab.dashboard.plots import FrontierData, frontier_figure, frontier_image, frontier_points
+from paretolab.models import quality_note
 
 NO_Z = "(none)"
 MAX_TRIAL_BUTTONS = 24
@@ -24,6 +25,9 @@ def frontier_page(ctx: Context) -> None:
     assert ctx.study is not None
     table = ctx.table
     st.header(f"Frontier · {ctx.study.name}")
+    note = quality_note(ctx.study.model)
+    if note:
+        st.warning(note)
     failed = int((table.frame["state"] == "FAIL").sum())
     done = table.complete()
     if done.empty:

@@ -119,14 +119,19 @@ def _rename_storage(subject: Subject, kept: list[int]) -> None:
     """Move storage records of model.layers.<old>. to model.layers.<new>.; drop those of removed layers."""
     new_of = {old: new for new, old in enumerate(kept)}
     pattern = re.compile(r"^(.*?\blayers\.)(\d+)(\..*)$")
-    renamed = {}
-    for name, storage in subject.storage.items():
-        match = pattern.match(name)
-        if not match:
-            renamed[name] = storage
-        elif int(match.group(2)) in new_of:
-            renamed[f"{match.group(1)}{new_of[int(match.group(2))]}{match.group(3)}"] = storage
-    subject.storage = renamed
+
+    def renamed(records: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, record in records.items():
+            match = pattern.match(name)
+            if not match:
+                out[name] = record
+            elif int(match.group(2)) in new_of:
+                out[f"{match.group(1)}{new_of[int(match.group(2))]}{match.group(3)}"] = record
+        return out
+
+    subject.storage = renamed(subject.storage)
+    subject.storage_owner = renamed(subject.storage_owner)
 
 
 class LayerDrop(Method):

@@ -21,6 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def needs_data(*relative: str) -> None:
+    """Skip, saying why, unless each file is in a data folder paretolab searches (a fresh clone has none)."""
+    from paretolab.data import data_dirs
+
+    missing = [r for r in relative if not any((d / r).is_file() for d in data_dirs())]
+    if missing:
+        pytest.skip(f"evaluation data {', '.join(missing)} not found: set PARETOLAB_DATA_DIR to the shared data folder "
+                    "(.ci/run uses ../shared/data)")
+
+
 @pytest.fixture
 def tiny():
     """A fresh tiny-llama subject (random weights, byte tokenizer): for mechanics, not claims."""

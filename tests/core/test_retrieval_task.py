@@ -15,6 +15,7 @@ from paretolab.generation import Generation
 from paretolab.options import parse_options
 from paretolab.retrieval_task import KVRetrieval, KVRetrievalOptions, is_correct, load_rows, positions_of
 from paretolab.subject import Subject
+from tests.conftest import needs_data
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_positions_come_as_a_list_or_comma_separated() -> None:
 def test_missing_data_names_the_file_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARETOLAB_DATA_DIR", str(tmp_path / "empty"))
     monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("paretolab.data.CHECKOUT", None)  # no shared/data beside the checkout either
     with pytest.raises(ConfigError, match=r"longctx/kv_pairs_middle_len_2048\.jsonl.*PARETOLAB_DATA_DIR.*task\.path"):
         load_rows(KVRetrievalOptions(positions="middle"))
 
@@ -89,7 +90,8 @@ def test_bad_rows_and_options_are_refused(tiny: Subject, ctx: TrialContext, tmp_
 
 
 def test_runs_on_the_shared_files_with_a_real_model(tiny: Subject, ctx: TrialContext) -> None:
-    """Needs longctx/ under $PARETOLAB_DATA_DIR (the loader's error says so when it is absent)."""
+    """Needs longctx/ from the shared data folder; skipped with the reason without it."""
+    needs_data(*(f"longctx/kv_pairs_{p}_len_2048.jsonl" for p in ("beginning", "middle", "end")))
     metrics = KVRetrieval().evaluate(tiny, KVRetrievalOptions(limit=1, max_new_tokens=2), ctx)
     assert metrics["acc"] == 0.0  # a random model does not retrieve UUIDs
     assert metrics["prefill_ms"] > 0

@@ -92,6 +92,10 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
     hook_log = tmp_path / "hooks.jsonl"
     out = run_cli("run", str(pipeline), "--address", ray_head, "--no-progress", cwd=tmp_path, env={"PARETOLAB_TEST_HOOK_LOG": str(hook_log)})
     assert "2 trial(s) completed, 3 failed" in out.stdout
+    reasons = out.stdout.split("failed trials of 'faults' by reason:\n")[1].splitlines()[:3]
+    assert sorted(line.split(" x ")[0].strip() for line in reasons) == ["1", "1", "1"]
+    assert any("RuntimeError: deliberate failure for the tests" in line for line in reasons)
+    assert any("timed out after 20 s" in line for line in reasons)
     calls = [json.loads(line) for line in hook_log.read_text().splitlines()]
     assert sorted(c["number"] for c in calls if c["hook"] == "started") == list(range(5))
     finished = {c["number"]: c["error"] for c in calls if c["hook"] == "finished"}
@@ -110,7 +114,8 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
 
 def test_third_party_plugin_is_listed_and_autoload_can_turn_it_off(tmp_path, with_testplugin):
     listed = run_cli("plugins", cwd=tmp_path).stdout
-    assert "noise  [weights, cost simulated]  from testplugin" in listed
+    assert "noise  [weights, cost simulated]  from testplugin (paretolab-testplugin 0.3.1)" in listed
+    assert "magnitude  [weights, cost simulated]  from paretolab.plugins.baselines\n" in listed
     off = run_cli("plugins", cwd=tmp_path, env={"PARETOLAB_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
     assert "  noise  [" not in off and "  magnitude  [" in off
     pipeline = write_pipeline(tmp_path, name="third", stages=[{"method": "noise"}])

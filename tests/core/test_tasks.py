@@ -11,6 +11,7 @@ import torch
 from paretolab.data import encode, load_corpus, PYDOC_SHA256
 from paretolab.errors import ConfigError
 from paretolab.tasks import MultipleChoice, MultipleChoiceOptions, Perplexity, PerplexityOptions, corpus_ids
+from tests.conftest import needs_data
 
 
 def direct_nll(model, ids):
@@ -77,13 +78,6 @@ def test_multiple_choice_formats_and_errors(tiny, ctx, tmp_path):
         MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
 
 
-def shared_data_or_skip(relative: str) -> None:
-    from paretolab.data import data_dirs
-
-    if not any((d / relative).is_file() for d in data_dirs()):
-        pytest.skip(f"evaluation file {relative} not found: set PARETOLAB_DATA_DIR (CI sets it to shared/data)")
-
-
 @pytest.mark.slow
 def test_smollm2_quality_on_the_builtin_corpus(ctx):
     """The real model, on the corpus that needs no files: a low perplexity."""
@@ -100,7 +94,7 @@ def test_smollm2_quality_on_real_data(ctx):
     """The real model is sane: low perplexity on WikiText-2 prose and above-chance ARC-Easy."""
     from paretolab.models import SmolLM2
 
-    shared_data_or_skip("wikitext2/wiki.test.raw")
+    needs_data("wikitext2/wiki.test.raw", "mc/arc_easy.jsonl")
     subject = SmolLM2().load()
     ppl = Perplexity().evaluate(subject, PerplexityOptions(corpus="wikitext2", max_tokens=2048), ctx)["ppl"]
     assert 10 < ppl < 40

@@ -188,3 +188,8 @@ def test_empty_store_says_so_without_a_traceback(empty_env, page):
     at = open_app(page)
     assert any("No studies in" in i.value for i in at.info)
     assert not (empty_env / "optuna.db").exists(), "reading an empty store must not create it"
+
+
+def test_frontier_of_a_random_weight_model_is_labelled_not_meaningful_for_quality(store_env):
+    at = open_app("Frontier", "demo")  # the fixture studies ran on tiny-llama
+    assert any("Not meaningful for quality: model 'tiny-llama' has random weights" in w.value for w in at.warning)
