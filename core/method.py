@@ -45,6 +45,9 @@ class Method:
     paper: ClassVar[Paper | str | None] = None
     cost_is: ClassVar[str] = "simulated"
     requires: ClassVar[tuple[str, ...]] = ()  # importable modules this method needs
+    # Metrics this method adds to a trial (from evaluate, measure or its generator's stats):
+    # a pipeline may only take an objective that its task, measures or methods declare.
+    metrics: ClassVar[tuple[str, ...]] = ()
 
     def search_space(self) -> dict[str, BaseDistribution]:
         """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
@@ -73,6 +76,7 @@ class Method:
             "kind": self.kind,
             "paper": str(self.paper) if self.paper else "",
             "cost_is": self.cost_is,
+            "metrics": list(self.metrics),
             "search_space": {k: _describe_distribution(d) for k, d in self.search_space().items()},
         }
 

@@ -34,6 +34,7 @@ from paretolab.data import DATA_ENV, data_dirs, encode, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
 from paretolab.hookspec import hookimpl
+from paretolab.options import option
 from paretolab.subject import Subject
 from paretolab.tasks import Task
 
@@ -50,9 +51,9 @@ def data_file(position: str) -> str:
 @dataclass(frozen=True)
 class KVRetrievalOptions:
     positions: list[str] | str = "beginning,middle,end"  # where the asked key sits: names, comma-separated or a list
-    limit: int = 20  # the first `limit` examples of each position (0 = all 300)
-    max_new_tokens: int = 0  # greedy budget; 0 = the answer's own token count + 8
-    path: str = ""  # a jsonl with context/answer rows instead of the named positions
+    limit: int = option(20, low=0)  # the first `limit` examples of each position (0 = all 300)
+    max_new_tokens: int = option(0, low=0)  # greedy budget; 0 = the answer's own token count + 8
+    path: str = option("", data="file")  # a jsonl with context/answer rows instead of the named positions
 
 
 def normalise(text: str) -> str:
