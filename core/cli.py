@@ -372,6 +372,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"      paper: {m['paper']}")
         for key, text in m["search_space"].items():
             print(f"      {key}: {text}")
+        if m.get("metrics"):
+            print(f"      reports: {', '.join(m['metrics'])}")
     print("tasks:")
     for t in regs.tasks:
         print(f"  {t.name}  -> {', '.join(t.metrics)}")

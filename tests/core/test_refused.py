@@ -203,3 +203,25 @@ def test_cli_refuses_an_alias_bomb_and_a_nan(tmp_path):
     text = yaml.safe_dump(with_("search.trial_timeout_s", 1.0)).replace("trial_timeout_s: 1.0", "trial_timeout_s: .nan")
     _cli_refuses(tmp_path, text, "search.trial_timeout_s: NaN is not a usable value")
     assert math.isnan(yaml.safe_load(text)["search"]["trial_timeout_s"])
+
+
+def test_the_contract_suite_holds_methods_to_the_metrics_they_declare(tiny, ctx):
+    from paretolab import Method
+    from paretolab.testing import MethodContract
+
+    class Undeclared(Method):
+        name = "undeclared"
+
+        def transform(self, subject, params, ctx):
+            return subject
+
+        def measure(self, subject, ctx):
+            return {"size_bytes": 1.0}
+
+    class Declared(Undeclared):
+        metrics = ("size_bytes",)
+
+    contract = MethodContract()
+    with pytest.raises(AssertionError, match="'size_bytes' is reported but not declared: add it to Undeclared.metrics"):
+        contract.test_reported_metrics_are_registered_and_finite(Undeclared(), tiny, {}, ctx)
+    contract.test_reported_metrics_are_registered_and_finite(Declared(), tiny, {}, ctx)
