@@ -155,25 +155,28 @@ def read_yaml(text: str, source: str) -> Any:
         loader.dispose()
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int], source: str) -> int:
+def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int], source: str, where: str = "") -> int:
     """Nodes in ``node`` with every alias expanded, counted without expanding (memoised per shared node)."""
     key = id(node)
     if key in memo:
         return memo[key]
+    field = where or "pipeline"
     if key in active:
-        raise ConfigError(f"{source}: line {node.start_mark.line + 1}: an alias refers to its own anchor; remove the cycle")
+        raise ConfigError(f"{field}: an alias refers to its own anchor ({source}, line {node.start_mark.line + 1}); remove the cycle")
     active.add(key)
-    children: list[yaml.Node] = []
+    children: list[tuple[yaml.Node, str]] = []
     if isinstance(node, yaml.SequenceNode):
-        children = node.value
+        children = [(child, f"{where}[{i}]") for i, child in enumerate(node.value)]
     elif isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
+        for k, v in node.value:
+            name = f"{where}.{k.value}" if where else str(k.value) if isinstance(k, yaml.ScalarNode) else where
+            children += [(k, where), (v, name)]
     total = 1
-    for child in children:
-        total += _expanded_size(child, memo, active, source)
+    for child, path in children:
+        total += _expanded_size(child, memo, active, source, path)
         if total > MAX_PIPELINE_NODES:
             raise ConfigError(
-                f"{source}: line {node.start_mark.line + 1}: aliases expand to more than {MAX_PIPELINE_NODES} YAML nodes; "
+                f"{field}: its aliases expand to more than {MAX_PIPELINE_NODES} YAML nodes ({source}, line {node.start_mark.line + 1}); "
                 "write the values out instead of nesting anchors"
             )
     active.discard(key)
