@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
@@ -21,14 +22,16 @@ def option(
     at_most: str | None = None,
     one_of: tuple[Any, ...] | None = None,
     data: str | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A dataclass field with the range ``parse_options`` enforces.
 
     ``low``/``high`` bound a number, ``at_most`` names another field it may not exceed,
     ``one_of`` lists the allowed values, ``data`` is ``"corpus"`` (a built-in corpus or an
-    existing text file) or ``"file"`` (a data set name, or a path that exists).
+    existing text file) or ``"file"`` (a data set name, or a path that exists); ``check`` is called
+    with the value and raises ConfigError itself.
     """
-    meta = {"low": low, "high": high, "at_most": at_most, "one_of": one_of, "data": data}
+    meta = {"low": low, "high": high, "at_most": at_most, "one_of": one_of, "data": data, "check": check}
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
 
 
@@ -89,6 +92,8 @@ def _check_range(parsed: Any, f: dataclasses.Field, where: str) -> None:
     choices = meta.get("one_of")
     if choices is not None and value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(repr, choices))}")
+    if meta.get("check") is not None:
+        meta["check"](value)
     kind = meta.get("data")
     if kind and isinstance(value, str) and value:
         problem = _data_problem(value, kind)

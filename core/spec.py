@@ -322,6 +322,8 @@ def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
         choices = list(dist.choices)
         if value in choices:
             return None
+        if all(isinstance(c, bool) for c in choices):
+            return "is not true or false; give true or false"
         if all(isinstance(c, str) for c in choices):
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -75,6 +75,9 @@ BAD = [
     ("task", {"name": "arithmetic", "level": 9}, "task.level: 9 is out of range; give a value from 1 to 5"),
     ("task", {"name": "arithmetic", "prompt": "chatty"}, "task.prompt: 'chatty' is not one of 'auto', 'chat', 'fewshot'"),
     ("measures", {"latency": {"repeats": 0}}, "measures.latency.repeats: 0 is out of range"),
+    ("task", {"name": "kv_retrieval", "positions": "begining"}, "task.positions: ['begining'] not known; use any of beginning, middle, end"),
+    ("task", {"name": "kv_retrieval", "positions": 3}, "task.positions: expected names like 'beginning,end' or a list, got 3"),
+    ("task", {"name": "qa", "dataset": "myqa", "answer": "words"}, "task.answer: 'words' is not one of 'number', 'text', 'auto'"),
     # a corpus or data file that does not exist
     ("task.corpus", "/no/such/corpus.txt", "task.corpus: '/no/such/corpus.txt' is neither a built-in corpus"),
     ("task", {"name": "multiple_choice", "dataset": "/no/such/file.jsonl"}, "task.dataset: '/no/such/file.jsonl' is not an existing file"),
