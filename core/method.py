@@ -33,7 +33,8 @@ class Method:
 
     Subclasses set the class attributes and implement ``transform``. ``transform`` gets its
     own copy of the subject (the worker copies the base model per trial), may change it in
-    place, and returns it. ``params`` holds this method's parameters without prefixes.
+    place, and returns it; the tokenizer alone is shared between trials, so a method replaces it
+    (with a changed copy) instead of changing it. ``params`` holds this method's parameters without prefixes.
 
     ``cost_is`` says whether the cost saving is ``real`` (a stored format or a kernel that
     actually runs) or ``simulated`` (fake quantization, masks on dense weights); the

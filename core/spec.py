@@ -169,8 +169,8 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int], sour
         children = [(child, f"{where}[{i}]") for i, child in enumerate(node.value)]
     elif isinstance(node, yaml.MappingNode):
         for k, v in node.value:
-            name = f"{where}.{k.value}" if where else str(k.value) if isinstance(k, yaml.ScalarNode) else where
-            children += [(k, where), (v, name)]
+            label = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+            children += [(k, where), (v, f"{where}.{label}" if where else label)]
     total = 1
     for child, path in children:
         total += _expanded_size(child, memo, active, source, path)
