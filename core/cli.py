@@ -182,6 +182,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from paretolab.study import run_study
 
     spec = load_spec(args.pipeline)
+    if not (args.address or "").startswith("ray://"):  # a Ray client's workers load the model elsewhere
+        from paretolab.models import check_model
+
+        check_model(spec.model)
     stores = _stores(args)
     outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed, progress=not args.no_progress)
     rows = frontier_rows(spec.name, stores)
@@ -382,6 +386,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"      paper: {m['paper']}")
         for key, text in m["search_space"].items():
             print(f"      {key}: {text}")
+        if m.get("metrics"):
+            print(f"      reports: {', '.join(m['metrics'])}")
     print("tasks:")
     for t in regs.tasks:
         print(f"  {t.name}  -> {', '.join(t.metrics)}")

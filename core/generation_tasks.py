@@ -37,6 +37,7 @@ from paretolab.data import encode, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
 from paretolab.hookspec import hookimpl
+from paretolab.options import option
 from paretolab.subject import Subject
 from paretolab.tasks import Task
 
@@ -145,10 +146,10 @@ def tokens_containing(tokenizer: Any, text: str) -> frozenset[int]:
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    limit: int = 50  # examples evaluated (0 = all)
-    max_new_tokens: int = 256  # per example (per branch, for methods that decode several)
-    prompt: str = "auto"  # auto | chat | fewshot (see the module docstring)
-    shots: int = 4  # worked examples shown before each question
+    limit: int = option(50, low=0)  # examples evaluated (0 = all)
+    max_new_tokens: int = option(256, low=1)  # per example (per branch, for methods that decode several)
+    prompt: str = option("auto", one_of=("auto", "chat", "fewshot"))  # see the module docstring
+    shots: int = option(4, low=0)  # worked examples shown before each question
 
 
 class GenerationTask(Task):
@@ -212,7 +213,7 @@ def _split(rows: list[Example], options: Any) -> tuple[list[Example], list[Examp
 
 @dataclass(frozen=True)
 class Gsm8kOptions(GenerationOptions):
-    dataset: str = "gsm8k"  # gsm8k (looked up under the data dir) or a path to a jsonl in its format
+    dataset: str = option("gsm8k", data="file")  # gsm8k (looked up under the data dir) or a path to a jsonl in its format
 
 
 class Gsm8k(GenerationTask):
@@ -235,8 +236,8 @@ class Gsm8k(GenerationTask):
 
 @dataclass(frozen=True)
 class QAOptions(GenerationOptions):
-    dataset: str = ""  # a jsonl path (or a name under the data dir) whose rows have `question` and `answer`
-    answer: str = "auto"  # number | text | auto (number when every gold answer is a number)
+    dataset: str = option("", data="file")  # a jsonl path (or a name under the data dir) whose rows have `question` and `answer`
+    answer: str = option("auto", one_of=("number", "text", "auto"))  # number | text | auto (number when every gold answer is a number)
 
 
 class QA(GenerationTask):
@@ -273,9 +274,9 @@ def _qa_rows(dataset: str) -> list[Example]:
 
 @dataclass(frozen=True)
 class ArithmeticOptions(GenerationOptions):
-    level: int = 1  # 1: a+b (one digit)  2: ab±c  3: a+b-c  4: a*b+c  5: ab+cd (see ARITHMETIC_LEVELS)
+    level: int = option(1, low=1, high=5)  # 1: a+b (one digit)  2: ab±c  3: a+b-c  4: a*b+c  5: ab+cd (see ARITHMETIC_LEVELS)
     seed: int = 0  # problems are drawn from random.Random(f"arithmetic-{seed}-{level}")
-    max_new_tokens: int = 64
+    max_new_tokens: int = option(64, low=1)
 
 
 ARITHMETIC_LEVELS = {

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from paretolab.errors import ConfigError, ParetolabError
 from paretolab.ray_auth import is_auth_error, token_help, use_token_if_present
-from paretolab.stores import OPTUNA_ENV, TRACKING_ENV, redact
+from paretolab.stores import OPTUNA_ENV, TRACKING_ENV, has_password, redact
 
 T = TypeVar("T")
 
@@ -203,7 +203,7 @@ def _package_dir(name: str) -> Path:
 
 
 def _refuse_password(flag: str, value: str, env_key: str) -> None:
-    if redact(value) != value:
+    if has_password(value):
         raise ConfigError(
             f"{flag}: {redact(value)} holds a password, which Ray would keep in clear in the job's metadata. "
             f"Set {env_key} on the cluster's nodes instead (deploy/README.md), or drop the password from the URL "

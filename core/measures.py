@@ -13,6 +13,7 @@ import torch
 from paretolab.context import TrialContext
 from paretolab.generation import greedy_decode
 from paretolab.hookspec import hookimpl
+from paretolab.options import option
 from paretolab.subject import Subject
 
 
@@ -80,10 +81,10 @@ class Size(Measure):
 
 @dataclass(frozen=True)
 class LatencyOptions:
-    prompt_tokens: int = 128  # length of the fixed prompt for prefill
-    new_tokens: int = 32  # tokens decoded per decode run
-    repeats: int = 5  # timed prefill repeats (median reported); decode uses max(2, repeats // 2)
-    warmup: int = 1
+    prompt_tokens: int = option(128, low=1)  # length of the fixed prompt for prefill
+    new_tokens: int = option(32, low=1)  # tokens decoded per decode run
+    repeats: int = option(5, low=1)  # timed prefill repeats (median reported); decode uses max(2, repeats // 2)
+    warmup: int = option(1, low=0)
 
 
 class Latency(Measure):

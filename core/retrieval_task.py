@@ -34,6 +34,7 @@ from paretolab.data import DATA_ENV, data_dirs, encode, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
 from paretolab.hookspec import hookimpl
+from paretolab.options import option
 from paretolab.subject import Subject
 from paretolab.tasks import Task
 
@@ -49,10 +50,10 @@ def data_file(position: str) -> str:
 
 @dataclass(frozen=True)
 class KVRetrievalOptions:
-    positions: list[str] | str = "beginning,middle,end"  # where the asked key sits: names, comma-separated or a list
-    limit: int = 20  # the first `limit` examples of each position (0 = all 300)
-    max_new_tokens: int = 0  # greedy budget; 0 = the answer's own token count + 8
-    path: str = ""  # a jsonl with context/answer rows instead of the named positions
+    positions: list[str] | str = option("beginning,middle,end", check=lambda v: positions_of(v))  # where the asked key sits: names, comma-separated or a list
+    limit: int = option(20, low=0)  # the first `limit` examples of each position (0 = all 300)
+    max_new_tokens: int = option(0, low=0)  # greedy budget; 0 = the answer's own token count + 8
+    path: str = option("", data="file")  # a jsonl with context/answer rows instead of the named positions
 
 
 def normalise(text: str) -> str:
@@ -98,6 +99,8 @@ class KVRetrieval(Task):
 
 def positions_of(value: list[str] | str) -> list[str]:
     """The position names from a list or a comma-separated string, checked."""
+    if not isinstance(value, (str, list)):
+        raise ConfigError(f"task.positions: expected names like 'beginning,end' or a list, got {value!r}")
     names = [p.strip() for p in value.split(",")] if isinstance(value, str) else [str(p).strip() for p in value]
     names = [p for p in names if p]
     bad = [p for p in names if p not in POSITIONS]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,13 @@ from paretolab.errors import ConfigError, UnknownNameError
 
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MAX_PIPELINE_BYTES = 1 << 20  # a pipeline is a page of YAML; anything near this size is a mistake
+MAX_PIPELINE_NODES = 100_000  # YAML nodes after alias expansion (an alias bomb expands to billions)
+MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
+# Top-level keys and search settings that do not change a trial's result: left out of the hash that
+# guards --resume, so editing them does not turn a study into "a different pipeline".
+HASH_IGNORES_TOP = ("description", "resources")
+HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,24 @@ class StudySpec:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def pipeline_hash(self) -> str:
-        """Identity of the study's definition; `search.trials` is left out so a study can be extended."""
+        """Identity of what decides the study's results: not its description, resources, trial count or timeout."""
+        data = json.loads(json.dumps(self.raw, sort_keys=True, default=str))
+        for key in HASH_IGNORES_TOP:
+            data.pop(key, None)
+        search = data.get("search")
+        for key in HASH_IGNORES_SEARCH if isinstance(search, dict) else ():
+            search.pop(key, None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def legacy_pipeline_hash(self) -> str:
+        """The hash studies created before the pipeline hash ignored description and resources (only `trials` left out)."""
         data = json.loads(json.dumps(self.raw, sort_keys=True, default=str))
         data.get("search", {}).pop("trials", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def matches_hash(self, stored: str | None) -> bool:
+        """Whether a study stored with hash ``stored`` was started from this pipeline (old hashes still match)."""
+        return stored in (self.pipeline_hash(), self.legacy_pipeline_hash())
 
     def methods(self) -> list[str]:
         return sorted({o.method for s in self.stages for o in s.options})
@@ -106,11 +128,60 @@ def load_spec(path: str | Path) -> StudySpec:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"pipeline file {str(path)!r} does not exist")
+    size = path.stat().st_size
+    if size > MAX_PIPELINE_BYTES:
+        raise ConfigError(f"{path}: {size} bytes; a pipeline file may hold at most {MAX_PIPELINE_BYTES} bytes, so cut it down")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc}); save the pipeline as UTF-8") from None
+    return parse_spec(read_yaml(text, str(path)), source=str(path))
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` that refuses a document whose aliases expand past MAX_PIPELINE_NODES nodes, before building it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, set(), source)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_spec(raw, source=str(path))
+        raise ConfigError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a pipeline; flatten it") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int], source: str, where: str = "") -> int:
+    """Nodes in ``node`` with every alias expanded, counted without expanding (memoised per shared node)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    field = where or "pipeline"
+    if key in active:
+        raise ConfigError(f"{field}: an alias refers to its own anchor ({source}, line {node.start_mark.line + 1}); remove the cycle")
+    active.add(key)
+    children: list[tuple[yaml.Node, str]] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = [(child, f"{where}[{i}]") for i, child in enumerate(node.value)]
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            label = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+            children += [(k, where), (v, f"{where}.{label}" if where else label)]
+    total = 1
+    for child, path in children:
+        total += _expanded_size(child, memo, active, source, path)
+        if total > MAX_PIPELINE_NODES:
+            raise ConfigError(
+                f"{field}: its aliases expand to more than {MAX_PIPELINE_NODES} YAML nodes ({source}, line {node.start_mark.line + 1}); "
+                "write the values out instead of nesting anchors"
+            )
+    active.discard(key)
+    memo[key] = total
+    return total
 
 
 def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
@@ -121,10 +192,16 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     _no_unknown(raw, TOP_KEYS, "")
+    _refuse_nan(raw, "")
     name = _require(raw, "name", str, "")
     if not NAME_RE.match(name):
         raise ConfigError(f"name: {name!r} must start with a letter or digit and use only letters, digits, _ . -")
+    if not isinstance(raw.get("description", ""), str):
+        raise ConfigError(f"description: expected text, got {type(raw['description']).__name__}; write it as one string")
     model = _require(raw, "model", str, "")
+    from paretolab.models import check_model_name
+
+    check_model_name(model)
     task_raw = raw.get("task")
     if isinstance(task_raw, str):
         task_raw = {"name": task_raw}
@@ -149,6 +226,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     objectives = _parse_objectives(raw.get("objectives"), regs)
     search = _parse_search(raw.get("search") or {})
     resources = _parse_resources(raw.get("resources") or {})
+    _check_objectives_produced(objectives, task, measures, stages, resources, regs)
     return StudySpec(
         name=name,
         model=model,
@@ -202,8 +280,77 @@ def _parse_option(raw: Any, where: str, regs: Any) -> StageOption:
                 f"{where}.params.{key}: method {method.name!r} has no parameter {key!r}{hint} "
                 f"(known: {', '.join(sorted(known)) or 'none'})"
             )
-        params[key] = _parse_param(value, f"{where}.params.{key}")
+        params[key] = _check_param(method, key, _parse_param(value, f"{where}.params.{key}"), f"{where}.params.{key}")
     return StageOption(method=method.name, params=params)
+
+
+def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSpec:
+    """Refuse values of the wrong type or outside the method's search space; a float parameter's range stays a float range."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    dist = method.search_space().get(key)
+    if isinstance(param, Range):
+        if isinstance(dist, FloatDistribution) and param.integer:
+            param = replace(param, integer=False)  # {low: 0, high: 1} on a float parameter means 0.0..1.0
+        if isinstance(dist, IntDistribution) and not param.integer:
+            raise ConfigError(f"{where}: {method.name}.{key} is an integer; give integer low, high and step, got {param.low}..{param.high} step {param.step}")
+        if isinstance(dist, CategoricalDistribution) and not all(_is_number(c) for c in dist.choices):
+            raise ConfigError(f"{where}: {method.name}.{key} is one of {', '.join(map(repr, dist.choices))}, not a range; give a list")
+        values: tuple[Any, ...] = (param.low, param.high)
+    else:
+        values = param.values if isinstance(param, Choices) else (param.value,)
+    default = method.defaults().get(key)
+    for value in values:
+        problem = _value_problem(value, dist, default)
+        if problem:
+            raise ConfigError(f"{where}: {value!r} {problem}")
+    return param
+
+
+def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
+    """Why ``value`` cannot be this parameter (None when it can), judged by the method's distribution, else its default's type."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(dist, (FloatDistribution, IntDistribution)):
+        integer = isinstance(dist, IntDistribution)
+        if not (_is_int(value) if integer else _is_number(value)):
+            return f"is not {'an integer' if integer else 'a number'}; give {'an integer' if integer else 'a number'} from {dist.low} to {dist.high}"
+        if not dist.low <= value <= dist.high:
+            return f"is outside the method's search space; give a value from {dist.low} to {dist.high}"
+        return None
+    if isinstance(dist, CategoricalDistribution):
+        choices = list(dist.choices)
+        if value in choices:
+            return None
+        if all(isinstance(c, bool) for c in choices):
+            return "is not true or false; give true or false"
+        if all(isinstance(c, str) for c in choices):
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"is not one of {', '.join(map(repr, choices))}{hint}; pick one of them"
+        if all(_is_int(c) for c in choices) and not _is_int(value):
+            return f"is not an integer; give an integer like {', '.join(map(repr, choices))}"
+        if all(_is_number(c) for c in choices) and not _is_number(value):
+            return f"is not a number; give a number like {', '.join(map(repr, choices))}"
+        return None
+    if default is None or value is None:
+        return None
+    expected = (
+        ("true or false", isinstance(value, bool)) if isinstance(default, bool)
+        else ("an integer", _is_int(value)) if isinstance(default, int)
+        else ("a number", _is_number(value)) if isinstance(default, float)
+        else ("a string", isinstance(value, str)) if isinstance(default, str)
+        else ("", True)
+    )
+    return None if expected[1] else f"is not {expected[0]} (the default is {default!r}); give {expected[0]}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _parse_param(value: Any, where: str) -> ParamSpec:
@@ -227,6 +374,11 @@ def _parse_param(value: Any, where: str) -> ParamSpec:
         if log and low <= 0:
             raise ConfigError(f"{where}: a log range needs low > 0, got {low}")
         step = value.get("step")
+        if step is not None:
+            if not isinstance(step, (int, float)) or isinstance(step, bool) or not step > 0:
+                raise ConfigError(f"{where}.step: expected a number greater than 0, got {step!r}; give a positive step or drop it")
+            if log:
+                raise ConfigError(f"{where}: a log range cannot have a step (got step {step!r}); drop `step` or `log`")
         integer = isinstance(low, int) and isinstance(high, int) and (step is None or isinstance(step, int))
         return Range(low=low, high=high, log=log, step=step, integer=integer)
     return Fixed(value)
@@ -284,13 +436,13 @@ def _parse_search(raw: Any) -> SearchSpec:
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ConfigError(f"search.trials: expected a positive integer, got {trials!r}")
     seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"search.seed: expected an integer, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"search.seed: expected an integer from 0 to {MAX_SEED}, got {seed!r}")
     timeout = raw.get("trial_timeout_s", 600)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ConfigError(f"search.trial_timeout_s: expected a positive number of seconds, got {timeout!r}")
     population = raw.get("population_size")
-    if population is not None and (not isinstance(population, int) or population < 2):
+    if population is not None and (not isinstance(population, int) or isinstance(population, bool) or population < 2):
         raise ConfigError(f"search.population_size: expected an integer >= 2, got {population!r}")
     return SearchSpec(sampler=sampler, trials=trials, seed=seed, trial_timeout_s=float(timeout), population_size=population)
 
@@ -303,7 +455,7 @@ def _parse_resources(raw: Any) -> Resources:
     for key in ("cpus", "gpus", "memory_gb"):
         if key in raw:
             v = raw[key]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
                 raise ConfigError(f"resources.{key}: expected a non-negative number, got {v!r}")
             values[key] = float(v)
     if values.get("cpus", 1.0) <= 0:
@@ -314,6 +466,45 @@ def _parse_resources(raw: Any) -> Resources:
             raise ConfigError(f"resources.workers: expected a positive integer, got {w!r}")
         values["workers"] = w
     return Resources(**values)
+
+
+def _check_objectives_produced(objectives: tuple[Objective, ...], task: Any, measures: dict[str, Any] | None, stages: tuple[Stage, ...], resources: Resources, regs: Any) -> None:
+    """Refuse an objective that no trial of this pipeline would report (each trial would fail on it)."""
+    from paretolab.metrics import TRIAL_METRICS
+
+    produced = set(task.metrics) | set(TRIAL_METRICS) | ({"peak_gpu_mb"} if resources.gpus > 0 else set())
+    names = list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
+    for name in names:
+        produced |= set(regs.measures.get(name).metrics)
+    partial: dict[str, str] = {}
+    for stage in stages:
+        per_option = [set(regs.methods.get(o.method).metrics) for o in stage.options]
+        always = set.intersection(*per_option)
+        produced |= always
+        for metric in set.union(*per_option) - always:
+            partial.setdefault(metric, stage.id)
+    for i, objective in enumerate(objectives):
+        if objective.metric in produced:
+            continue
+        if objective.metric in partial:
+            why = f"only some choices of stage {partial[objective.metric]!r} report it"
+        else:
+            why = f"neither task {task.name!r} ({', '.join(task.metrics)}), the measures nor the methods of this pipeline report it"
+        raise ConfigError(
+            f"objectives[{i}].metric: {objective.metric!r} would be missing from trials: {why}; "
+            f"pick one of {', '.join(sorted(produced))}"
+        )
+
+
+def _refuse_nan(value: Any, where: str) -> None:
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{where or 'pipeline'}: NaN is not a usable value; give a number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nan(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_nan(item, f"{where}[{i}]")
 
 
 def _require(raw: dict[str, Any], key: str, typ: type, prefix: str) -> Any:

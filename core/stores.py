@@ -75,7 +75,35 @@ def read_config() -> dict[str, str]:
     return {k: str(v) for k, v in stores.items() if v}
 
 
+PASSWORD_KEYS = ("password", "passwd", "pwd")  # query parameters libpq and the drivers read as a password
+
+
+def has_password(url: str) -> bool:
+    """Whether ``url`` carries a password (user info or a ``password=`` query parameter)."""
+    return redact(url) != url
+
+
 def redact(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db`` (also ``?password=``)."""
-    url = re.sub(r"(//[^:/@]+:)[^/]*@", r"\1***@", url)  # greedy: a stray @ in the password stays hidden
-    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&]+", r"\1***", url)
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db`` (also ``?password=``), parsed as
+    SQLAlchemy parses it (so ``u:se/cret@h`` and ``:secret@h`` are caught); text without a password comes back unchanged."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # not a URL at all (a path, `databricks`, ...)
+        return url
+    except ValueError:  # URL-shaped but broken (a bad port): hide all user info rather than guess
+        return re.sub(r"(://).*@", r"\1***@", url)  # greedy: up to the last @, a / in the password included
+    secret_keys = [k for k in parsed.query if k.lower() in PASSWORD_KEYS]
+    if parsed.password is None and not secret_keys:
+        return url
+    if parsed.host and "@" in parsed.host:  # `u:a@b@h`: SQLAlchemy splits at the first @; hide up to the last
+        parsed = parsed.set(host=parsed.host.rsplit("@", 1)[1])
+    shown = parsed.set(query={}).render_as_string(hide_password=True)
+    if "?" in url:  # the query as written (SQLAlchemy would sort it), its password parameters masked
+        query = url.split("?", 1)[1]
+        for key in secret_keys:
+            query = re.sub(rf"(^|&)({re.escape(key)})=[^&]*", r"\1\2=***", query)
+        shown += "?" + query
+    return shown

@@ -253,7 +253,7 @@ def _open_study(spec: StudySpec, stores: Stores, resume: bool) -> optuna.Study:
                 study.enqueue_trial(point, skip_if_exists=True)
         return study
     stored = study.user_attrs.get("pipeline_hash")
-    if stored != spec.pipeline_hash():
+    if not spec.matches_hash(stored):
         raise ConfigError(
             f"study {spec.name!r} in {stores.redacted().optuna_url} was started from a different pipeline "
             f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"

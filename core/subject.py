@@ -11,6 +11,24 @@ import torch
 
 from paretolab.storage import DENSE, TensorStorage
 
+_TOKENIZER_ATTRS = ("padding_side", "truncation_side", "model_max_length", "chat_template", "special_tokens_map")
+_BACKEND_ATTRS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "padding", "truncation")
+
+
+def tokenizer_state(tokenizer: Any) -> tuple[str, ...]:
+    """A cheap fingerprint (~30 µs) of what can change in place: size, added and special tokens, settings, pipeline."""
+    parts = [type(tokenizer).__name__]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    probes = [("len", lambda: len(tokenizer)), ("added", lambda: sorted(tokenizer.get_added_vocab().items()))]
+    probes += [(a, lambda a=a: getattr(tokenizer, a, None)) for a in _TOKENIZER_ATTRS]
+    probes += [(a, lambda a=a: getattr(backend, a, None)) for a in _BACKEND_ATTRS if backend is not None]
+    for name, probe in probes:
+        try:
+            parts.append(f"{name}={probe()!r}")
+        except Exception:  # a tokenizer without this feature
+            parts.append(f"{name}=?")
+    return tuple(parts)
+
 
 @dataclass
 class Subject:
@@ -35,6 +53,7 @@ class Subject:
     # The tensor (or, for "format:<module>", the module) each storage record was set for: a record
     # whose tensor has since been replaced describes a weight that is gone and no longer applies.
     storage_owner: dict[str, weakref.ref] = field(default_factory=dict, repr=False)
+    pristine_tokenizer: Any = field(default=None, repr=False, compare=False)  # kept by a base subject to undo in-place changes
 
     def storage_of(self, param_name: str) -> TensorStorage:
         """How parameter ``param_name`` is stored (dense in its dtype unless a method said otherwise)."""
@@ -70,7 +89,10 @@ class Subject:
         return ref is not None and ref() is not self._owner(name)
 
     def copy(self) -> Subject:
-        """A private deep copy for one trial (the tokenizer is shared: methods replace, never mutate it)."""
+        """A private deep copy for one trial; the tokenizer is shared (copying SmolLM2's costs 0.35 s and
+        every per-tokenizer cache): methods replace it, never mutate it, and run_trial fails one that does."""
+        if self.pristine_tokenizer is None:
+            self.pristine_tokenizer = copy.deepcopy(self.tokenizer)
         storage = self.current_storage()  # records of replaced tensors are dropped, not copied
         twin = Subject(
             model=copy.deepcopy(self.model),
@@ -86,6 +108,11 @@ class Subject:
             if owner is not None:  # the copy's tensor at the same name is the twin of the one the record describes
                 twin.storage_owner[name] = weakref.ref(owner)
         return twin
+
+    def restore_tokenizer(self) -> None:
+        """Put back the tokenizer as it was at the first copy (after a method changed the shared one in place)."""
+        if self.pristine_tokenizer is not None:
+            self.tokenizer = copy.deepcopy(self.pristine_tokenizer)
 
     @property
     def device(self) -> torch.device:

@@ -13,6 +13,7 @@ from paretolab.context import TrialContext
 from paretolab.data import encode, load_corpus, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.hookspec import hookimpl
+from paretolab.options import option
 from paretolab.subject import Subject
 
 
@@ -29,11 +30,11 @@ class Task:
 
 @dataclass(frozen=True)
 class PerplexityOptions:
-    corpus: str = "pydoc"  # pydoc (built in) | wikitext2 | a path to a UTF-8 text file
-    max_tokens: int = 4096  # token budget: the first max_tokens tokens of the corpus
-    context: int = 512  # window length fed to the model
-    stride: int = 512  # step between windows; < context scores each token with more left context
-    batch_size: int = 4  # windows per forward pass when windows do not overlap
+    corpus: str = option("pydoc", data="corpus")  # pydoc (built in) | wikitext2 | a path to a UTF-8 text file
+    max_tokens: int = option(4096, low=2)  # token budget: the first max_tokens tokens of the corpus
+    context: int = option(512, low=2)  # window length fed to the model
+    stride: int = option(512, low=1, at_most="context")  # step between windows; < context scores each token with more left context
+    batch_size: int = option(4, low=1)  # windows per forward pass when windows do not overlap
 
 
 class Perplexity(Task):
@@ -111,9 +112,9 @@ def corpus_ids(tokenizer: Any, corpus: str, max_tokens: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class MultipleChoiceOptions:
-    dataset: str = "arc_easy"  # a name under <data dir>/mc/ (piqa, arc_easy, ...) or a jsonl path
-    limit: int = 200  # the first `limit` examples (0 = all)
-    batch_size: int = 8
+    dataset: str = option("arc_easy", data="file")  # a name under <data dir>/mc/ (piqa, arc_easy, ...) or a jsonl path
+    limit: int = option(200, low=0)  # the first `limit` examples (0 = all)
+    batch_size: int = option(8, low=1)
 
 
 class MultipleChoice(Task):

@@ -130,6 +130,7 @@ class MethodContract:
         registered = registries().metrics
         for name, value in metrics.items():
             assert name in registered, f"metric {name!r} is not registered (use the register_metrics hook)"
+            assert name in method.metrics, f"metric {name!r} is reported but not declared: add it to {type(method).__name__}.metrics"
             assert math.isfinite(float(value)), f"metric {name!r} = {value}"
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from paretolab.context import TrialContext
+from paretolab.errors import TrialError
 from paretolab.options import parse_options
 from paretolab.search import StagePlan
-from paretolab.subject import Subject
+from paretolab.subject import Subject, tokenizer_state
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
@@ -67,6 +68,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     regs = registries()
     result = TrialResult()
     sampler = _PeakMemory()
+    if torch.cuda.is_available():  # peak_gpu_mb is this trial's peak, not the worker's lifetime peak
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
         ctx = TrialContext(
@@ -82,6 +85,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 t0 = time.perf_counter()
                 subject = base.copy()
                 ctx.device = subject.device  # where methods put new tensors (the worker's GPU, when it has one)
+                shared_tokenizer = tokenizer_state(base.tokenizer)
                 result.stage_s["copy"] = time.perf_counter() - t0
                 methods = []
                 for stage in plan:
@@ -92,6 +96,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                     subject = method.transform(subject, dict(stage.params), ctx)
                     if not isinstance(subject, Subject):
                         raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
+                    _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
                     result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
                     if method.cost_is == "simulated" and method.name not in subject.simulated_by:
                         subject.simulated_by.append(method.name)
@@ -114,6 +119,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
                 result.stage_s["measure"] = time.perf_counter() - t0
+                _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
             result.simulated_by = list(subject.simulated_by)
@@ -140,6 +146,16 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     if torch.cuda.is_available():
         result.metrics["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
+
+
+def _guard_tokenizer(base: Subject, before: tuple[str, ...], culprit: str) -> None:
+    """Fail the trial when the tokenizer every trial shares changed in place, after putting it back for the next trial."""
+    if tokenizer_state(base.tokenizer) != before:
+        base.restore_tokenizer()
+        raise TrialError(
+            f"{culprit} changed the shared tokenizer in place (e.g. add_tokens, pad_token); it was restored for the next trial. "
+            "Change a copy instead: subject.tokenizer = copy.deepcopy(subject.tokenizer)"
+        )
 
 
 def _measures(configured: dict[str, dict[str, Any]] | None, regs: Any) -> dict[str, dict[str, Any]]:

@@ -172,6 +172,7 @@ class CAT(Method):
     """Block concentration–alignment transform (or a Hadamard rotation, or none) before W/A fake quantization."""
 
     name = "cat"
+    metrics = ("sqnr_db",)
     kind = "weights"
     paper = PAPER
     cost_is = "simulated"

@@ -174,6 +174,7 @@ class CATQ(Method):
     """Ternary PTQ with learnable modulation (m, a, r per group of 128), fitted block by block."""
 
     name = "catq"
+    metrics = ("bits_per_weight",)
     kind = "weights"
     paper = PAPER
     cost_is = "simulated"

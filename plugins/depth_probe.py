@@ -30,18 +30,18 @@ import torch
 from paretolab import Metric, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.measures import Measure
-from paretolab.options import parse_options
+from paretolab.options import option, parse_options
 from paretolab.plugins._layerwise import decoder_layers, run_layer
 from paretolab.subject import Subject
 
 
 @dataclass(frozen=True)
 class DepthProbeOptions:
-    corpus: str = "pydoc"  # pydoc (built in) | wikitext2 | a path
-    max_tokens: int = 1024  # token budget (the probe costs about one LM-head pass per layer per token)
-    seq_len: int = 256  # window length
+    corpus: str = option("pydoc", data="corpus")  # pydoc (built in) | wikitext2 | a path
+    max_tokens: int = option(1024, low=2)  # token budget (the probe costs about one LM-head pass per layer per token)
+    seq_len: int = option(256, low=2, at_most="max_tokens")  # window length
     through_last_layer: bool = True  # the paper's probe; false = logit lens
-    fit_from_layer: int = 1  # first depth l used in the power-law fit (1-based)
+    fit_from_layer: int = option(1, low=1)  # first depth l used in the power-law fit (1-based)
 
 
 def fit_inverse_depth(ce: list[float], *, fit_from_layer: int = 1, grid: int = 400) -> dict[str, float]:

@@ -90,6 +90,7 @@ class Macko(Method):
     """Prune (wanda or magnitude scores) and keep the pruned Linears in the MACKO format."""
 
     name = "macko"
+    metrics = ("macko_bytes_ratio",)
     kind = "weights"
     paper = Paper("MACKO-SpMV: Mutually Aligned Compressed coordinates Kernel Optimised SpMV", "", "https://github.com/vlejd/macko_spmv")
     cost_is = "real"

@@ -134,6 +134,7 @@ class PsumQuant(Method):
     """Tiled matmul with b-bit partial sums per 128-wide K tile; scale from the input crest factor or fixed."""
 
     name = "psumquant"
+    metrics = ("psum_sqnr_db",)
     kind = "weights"
     paper = PAPER
     cost_is = "simulated"

@@ -199,6 +199,7 @@ class TokenSparseAttention(Method):
     """Drop the lowest-attention tokens (up to ``tau`` of the mass) from prefill attention in later layers."""
 
     name = "token_sparse_attention"
+    metrics = ("attn_kept_frac",)
     kind = "decoding"
     paper = PAPER
     cost_is = "real"

@@ -103,6 +103,7 @@ class IncrementalBPEMethod(paretolab.Method):
     """Replace the subject's tokenizer with IncrementalBPE: same ids, faster and streaming."""
 
     name = "incremental_bpe"
+    metrics = ("tok_encode_mb_s", "tok_stream_p50_ms", "tok_stream_p99_ms", "tok_worst_ns_per_byte")
     kind = "tokenizer"
     cost_is = "real"
     paper = paretolab.Paper(

@@ -135,6 +135,7 @@ class SelfConsistency(Method):
     """Majority vote over N sampled branches, each decoded to its end (the Parallel-Probe baseline)."""
 
     name = "self_consistency"
+    metrics = ("traces_cached",)
     kind = "decoding"
     paper = SC_PAPER
     cost_is = "real"
@@ -154,6 +155,7 @@ class ParallelProbe(Method):
     """N branches probed every Δ tokens; deviants pruned after a warm-up; stop on a stable majority."""
 
     name = "parallel_probe"
+    metrics = ("traces_cached", "probe_tokens", "branches_pruned", "early_stopped", "agree_with_sc", "tokens_total_vs_sc", "tokens_sequential_vs_sc")
     kind = "decoding"
     paper = PAPER
     cost_is = "simulated"

@@ -53,6 +53,7 @@ class Speculative(Method):
     """Install a speculative generator (EAGLE draft or layer-skipping self draft) with exact greedy verification."""
 
     name = "speculative"
+    metrics = tuple(m.name for m in METRICS)
     kind = "decoding"
     paper = PAPER
     cost_is = "real"

@@ -68,7 +68,7 @@ def load_draft(model_name: str, target: torch.nn.Module) -> LoadedDraft:
     path = draft_path(model_name)
     if not path.is_file():
         raise ConfigError(missing_draft_message(model_name))
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = _load_checkpoint(path)
     config = EagleConfig(**{**saved["config"], "feature_layers": tuple(saved["config"]["feature_layers"])})
     expected = EagleConfig.for_target(target)
     if (config.hidden, config.feature_layers) != (expected.hidden, expected.feature_layers):
@@ -80,6 +80,20 @@ def load_draft(model_name: str, target: torch.nn.Module) -> LoadedDraft:
     draft.load_state_dict(saved["state"])
     device = next(target.parameters()).device
     return LoadedDraft(draft.to(device), saved["vocab"].to(device), saved["meta"])
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's tensors and plain data, read with ``weights_only=True``: a crafted file cannot run code here."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"the draft at {path} holds more than tensors and plain data, so it is not loaded ({reason}); "
+            "delete it or retrain with `paretolab draft train --fresh`"
+        ) from None
 
 
 def cache_features(subject: Subject, options: TrainOptions, progress: Callable[[int, int], None] | None = None) -> Path:
@@ -173,7 +187,7 @@ def train_draft(subject: Subject, options: TrainOptions, *, log: Callable[[str],
     meta: dict[str, Any] = {"steps": 0, "tokens": 0, "train_s": 0.0, "corpus": options.corpus, "ttt_steps": options.ttt_steps}
     vocab = None
     if path.is_file() and not options.fresh:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = _load_checkpoint(path)
         draft.load_state_dict(saved["state"])
         optimizer.load_state_dict(saved["optimizer"])
         vocab, meta = saved["vocab"], saved["meta"]
