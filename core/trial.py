@@ -58,6 +58,7 @@ class TrialSettings:
     task_options: dict[str, Any]
     measures: dict[str, dict[str, Any]] | None
     seed: int
+    cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int) -> TrialResult:
@@ -75,6 +76,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             study=settings.study,
             trial_number=number,
             task={"name": settings.task, **settings.task_options},
+            cpus=settings.cpus,
+            base=base,
         )
         try:
             with sampler, torch.random.fork_rng(devices=[]):
