@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ class Latency(Measure):
                 for _ in range(options.warmup):
                     m(input_ids=x)
                 greedy_decode(m, x[:, :16], 4)  # warm the decode path
-            prefill = time_paired(lambda: model(input_ids=ids), (lambda: base(input_ids=base_ids)) if base is not None else None, **rounds)
+            keep, base_keep = _last_logits(model), _last_logits(base) if base is not None else {}
+            prefill = time_paired(lambda: model(input_ids=ids, **keep), (lambda: base(input_ids=base_ids, **base_keep)) if base is not None else None, **rounds)
             n = options.new_tokens
             decode = time_paired(lambda: greedy_decode(model, ids[:, :16], n), (lambda: greedy_decode(base, base_ids[:, :16], n)) if base is not None else None, **rounds)
         rates = [n / t for t in decode.method]
@@ -147,6 +149,11 @@ class Latency(Measure):
                 "base_decode_tok_s": statistics.median([n / t for t in decode.base]),
             })
         return out
+
+
+def _last_logits(model: torch.nn.Module) -> dict[str, int]:
+    """Prefill needs the last position's logits only; ask for just those where the model can (transformers' ``logits_to_keep``)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(model).forward).parameters else {}
 
 
 @hookimpl

@@ -53,6 +53,7 @@ BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("tokens_total", "tokens", "minimize", "tokens generated per example, every branch counted (generation tasks)"),
     Metric("tokens_sequential", "tokens", "minimize", "decode steps per example taken one after another: the latency proxy (generation tasks)"),
     Metric("peak_rss_mb", "MiB", "minimize", "peak resident memory of the worker during the trial"),
+    Metric("energy_j", "J", "minimize", "energy of the trial inside the worker, copy to measure: NVML (its GPUs), RAPL (the CPU packages) or estimated from CPU seconds x watts per core; the trial's energy_source says which"),
     Metric("peak_gpu_mb", "MiB", "minimize", "peak GPU memory allocated during the trial"),
     Metric("transform_s", "s", "minimize", "wall time of all transform stages"),
     Metric("evaluate_s", "s", "minimize", "wall time of quality evaluation"),

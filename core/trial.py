@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from paretolab.context import TrialContext
+from paretolab.energy import EnergyMeter
 from paretolab.options import parse_options
 from paretolab.search import StagePlan
 from paretolab.subject import Subject
@@ -37,6 +38,7 @@ class TrialResult:
 
     metrics: dict[str, float] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)
+    stage_energy_j: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     simulated_by: list[str] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)
@@ -68,7 +70,9 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     regs = registries()
     result = TrialResult()
     sampler = _PeakMemory()
+    meter = EnergyMeter.for_this_process()
     start = time.perf_counter()
+    meter.begin("trial")
     with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
         ctx = TrialContext(
             seed=settings.seed + number,
@@ -83,30 +87,37 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             with sampler, torch.random.fork_rng(devices=[]):
                 torch.manual_seed(ctx.seed)
                 t0 = time.perf_counter()
+                meter.begin("copy")
                 subject = base.copy()
                 result.stage_s["copy"] = time.perf_counter() - t0
+                meter.end("copy")
                 methods = []
                 for stage in plan:
                     method = regs.methods.get(stage.method)
                     methods.append(method)
                     ctx.stage = stage.stage
                     t0 = time.perf_counter()
+                    meter.begin(f"transform:{stage.stage}")
                     subject = method.transform(subject, dict(stage.params), ctx)
                     if not isinstance(subject, Subject):
                         raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
                     result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
+                    meter.end(f"transform:{stage.stage}")
                     if method.cost_is == "simulated" and method.name not in subject.simulated_by:
                         subject.simulated_by.append(method.name)
                 subject.model.eval()
 
                 t0 = time.perf_counter()
+                meter.begin("evaluate")
                 task = regs.tasks.get(settings.task)
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
                 for method in methods:
                     metrics.update(method.evaluate(subject, ctx))
                 result.stage_s["evaluate"] = time.perf_counter() - t0
+                meter.end("evaluate")
 
                 t0 = time.perf_counter()
+                meter.begin("measure")
                 task_metrics = set(metrics)
                 for name, options in _measures(settings.measures, regs).items():
                     measure = regs.measures.get(name)
@@ -116,8 +127,10 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
                 result.stage_s["measure"] = time.perf_counter() - t0
+                meter.end("measure")
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
+            result.info["energy_source"] = meter.source
             result.simulated_by = list(subject.simulated_by)
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)
             if unknown:
@@ -129,6 +142,9 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.error = f"{type(exc).__name__}: {exc}"
             result.traceback = traceback.format_exc()
         result.artifacts = _collect(ctx.artifacts)
+    energy_j = meter.end("trial")
+    meter.close()
+    result.stage_energy_j = {k: v for k, v in meter.joules.items() if k != "trial"}
     transform_s = sum(v for k, v in result.stage_s.items() if k.startswith("transform:"))
     result.metrics.update(
         {
@@ -137,6 +153,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             "measure_s": result.stage_s.get("measure", 0.0),
             "trial_s": time.perf_counter() - start,
             "peak_rss_mb": sampler.peak_mb,
+            "energy_j": energy_j,
         }
     )
     if torch.cuda.is_available():
