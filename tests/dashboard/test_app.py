@@ -188,3 +188,15 @@ def test_empty_store_says_so_without_a_traceback(empty_env, page):
     at = open_app(page)
     assert any("No studies in" in i.value for i in at.info)
     assert not (empty_env / "optuna.db").exists(), "reading an empty store must not create it"
+
+
+def test_energy_per_stage_and_provenance_with_estimates_marked(store_env):
+    at = open_app("Trial", "demo", trial=4)
+    shown = texts(at)
+    assert "Energy per stage (J, estimate) — an estimate: CPU seconds × watts per core" in shown
+    assert "Base model weights: random init (stored 0.4 MB; 0.2 MB in fp16)" in shown
+    frontier = open_app("Frontier", "demo")
+    assert "base weights: random init" in texts(frontier)
+    frontier.selectbox(key="fz").set_value("energy_j").run()
+    assert "energy is an estimate" in texts(frontier)
+    assert frontier.selectbox(key="fz").options[1] == "prefill_speedup"  # the ratio leads the other metrics
