@@ -9,7 +9,8 @@ does (node lock, ``--cpus`` torch threads, repeats until the spread is small or 
 It also times the dense model against itself ``--dense-repeats`` times, giving the spread of the
 dense model's repeated timings: what an absolute ``prefill_ms`` ranking has to beat.
 A row per model: prefill_speedup (the ratio, with its IQR), prefill_ms of the method and of the
-dense model timed beside it, decode_speedup. The claim checked: prefill_speedup > 1 for every
+dense model timed beside it, decode_speedup, and the same two ratios in process CPU time.
+The claim checked: prefill_speedup > 1 for every
 dropped-layer setting in both conditions.
 """
 
@@ -61,7 +62,7 @@ def run_condition(name: str, dense: Subject, variants: dict[str, Subject], optio
             rows.append({"condition": name, "model": label, "seconds": time.perf_counter() - start, **out})
             print(f"  {name:6s} {label:9s} prefill_speedup {out['prefill_speedup']:.3f} (IQR {out['prefill_speedup_iqr']:.3f})  "
                   f"prefill_ms {out['prefill_ms']:.1f} (IQR {out['prefill_ms_iqr']:.1f}) vs dense {out['base_prefill_ms']:.1f}  "
-                  f"decode_speedup {out['decode_speedup']:.3f}", flush=True)
+                  f"decode_speedup {out['decode_speedup']:.3f}  cpu speedups {out['prefill_cpu_speedup']:.3f} / {out['decode_cpu_speedup']:.3f}", flush=True)
         dense_ms = []
         for _ in range(dense_repeats):
             out = Latency().measure(dense.copy(), options, ctx)
@@ -99,11 +100,11 @@ def main() -> None:
             p.terminate()
             p.join()
 
-    print("\ncondition  model      prefill_speedup (IQR)  decode_speedup (IQR)  prefill_ms  dense beside it")
+    print("\ncondition  model      prefill_speedup (IQR)  decode_speedup (IQR)  prefill_ms  dense beside it  prefill_cpu_speedup  decode_cpu_speedup")
     for condition, result in results.items():
         for r in result["rows"]:
             print(f"{condition:9s}  {r['model']:9s}  {r['prefill_speedup']:6.3f} ({r['prefill_speedup_iqr']:.3f})       "
-                  f"{r['decode_speedup']:6.3f} ({r['decode_speedup_iqr']:.3f})       {r['prefill_ms']:8.1f}    {r['base_prefill_ms']:8.1f}")
+                  f"{r['decode_speedup']:6.3f} ({r['decode_speedup_iqr']:.3f})       {r['prefill_ms']:8.1f}    {r['base_prefill_ms']:8.1f}       {r['prefill_cpu_speedup']:6.3f}               {r['decode_cpu_speedup']:6.3f}")
         ms = result["dense_prefill_ms"]
         result["dense_spread"] = {"n": len(ms), "median_ms": statistics.median(ms), "iqr_ms": spread(ms), "min_ms": min(ms), "max_ms": max(ms)}
         print(f"{condition:9s}  dense prefill_ms over {len(ms)} timings: median {statistics.median(ms):.1f}, IQR {spread(ms):.1f}, "

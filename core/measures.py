@@ -102,7 +102,7 @@ class Latency(Measure):
     metrics = (
         "prefill_ms", "prefill_ms_iqr", "decode_tok_s", "decode_tok_s_iqr",
         "prefill_speedup", "prefill_speedup_iqr", "decode_speedup", "decode_speedup_iqr",
-        "base_prefill_ms", "base_decode_tok_s", "timing_wait_s",
+        "prefill_cpu_speedup", "decode_cpu_speedup", "base_prefill_ms", "base_decode_tok_s", "timing_wait_s",
     )
     options = LatencyOptions
     default = True
@@ -148,6 +148,9 @@ class Latency(Measure):
                 "base_prefill_ms": statistics.median(prefill.base) * 1000,
                 "base_decode_tok_s": statistics.median([n / t for t in decode.base]),
             })
+            if not cuda:  # a GPU's work is not the process's CPU time
+                out["prefill_cpu_speedup"] = statistics.median(prefill.cpu_ratios)
+                out["decode_cpu_speedup"] = statistics.median(decode.cpu_ratios)
         return out
 
 

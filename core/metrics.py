@@ -47,6 +47,8 @@ BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("prefill_speedup_iqr", "x", "minimize", "latency measure: interquartile range of the per-round prefill speedups"),
     Metric("decode_speedup", "x", "maximize", "latency measure: unmodified model's decode time / the method's, median over rounds timed alternately in the same worker"),
     Metric("decode_speedup_iqr", "x", "minimize", "latency measure: interquartile range of the per-round decode speedups"),
+    Metric("prefill_cpu_speedup", "x", "maximize", "latency measure (CPU): unmodified model's process CPU seconds / the method's over the same prefill rounds; blind to time spent waiting for a core"),
+    Metric("decode_cpu_speedup", "x", "maximize", "latency measure (CPU): unmodified model's process CPU seconds / the method's over the same decode rounds"),
     Metric("base_prefill_ms", "ms", "minimize", "latency measure: median prefill time of the unmodified model, timed beside the method"),
     Metric("base_decode_tok_s", "tokens/s", "maximize", "latency measure: median decode rate of the unmodified model, timed beside the method"),
     Metric("timing_wait_s", "s", "minimize", "latency measure: seconds waited for the node's timing lock (other trials were timing)"),

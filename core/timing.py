@@ -76,15 +76,23 @@ def relative_spread(values: list[float]) -> float:
 
 @dataclass
 class Paired:
-    """Seconds per run of the method and, when timed, of the unmodified model, in rounds."""
+    """Wall seconds per run of the method and, when timed, of the unmodified model, in rounds; and the
+    process's CPU seconds over the same runs (on a CPU, time spent waiting for a core is not in them)."""
 
     method: list[float] = field(default_factory=list)
     base: list[float] = field(default_factory=list)
+    method_cpu: list[float] = field(default_factory=list)
+    base_cpu: list[float] = field(default_factory=list)
 
     @property
     def ratios(self) -> list[float]:
         """Per round, base time / method time (> 1: the method is faster)."""
         return [b / m for b, m in zip(self.base, self.method) if m > 0]
+
+    @property
+    def cpu_ratios(self) -> list[float]:
+        """Per round, base CPU seconds / method CPU seconds."""
+        return [b / m for b, m in zip(self.base_cpu, self.method_cpu) if m > 0]
 
     def settled(self, target: float) -> bool:
         """Whether the method's times and, with a base, the paired ratios spread at most ``target``."""
@@ -109,13 +117,14 @@ def time_paired(
     out = Paired()
     start = time.perf_counter()
     for round_ in range(max(1, max_rounds)):
-        order = [(method, out.method)] + ([(base, out.base)] if base is not None else [])
-        for fn, times in order if round_ % 2 == 0 else reversed(order):
+        order = [(method, out.method, out.method_cpu)] + ([(base, out.base, out.base_cpu)] if base is not None else [])
+        for fn, times, cpu in order if round_ % 2 == 0 else reversed(order):
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             sync()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         done = round_ + 1
         if done >= min_rounds and out.settled(target):
             break
