@@ -20,6 +20,7 @@ import argparse
 import copy
 import json
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -35,9 +36,10 @@ from paretolab.timing import spread
 
 
 def spin(deadline: float) -> None:
-    """CPU-bound load: busy arithmetic until ``deadline`` (time.time())."""
+    """CPU-bound load: busy arithmetic until ``deadline`` (time.time()) or until the benchmark is gone."""
+    parent = os.getppid()
     x = 0
-    while time.time() < deadline:
+    while time.time() < deadline and os.getppid() == parent:
         for i in range(100_000):
             x += i * i
     return None
