@@ -1,22 +1,30 @@
 """Energy per trial stage: NVML on a GPU, RAPL where readable, else an estimate from CPU time.
 
-The meter is Zeus's ``ZeusMonitor`` (https://ml.energy/zeus): it reads NVML's energy counters
-for the visible GPUs and the RAPL counters under ``/sys/class/powercap`` for the CPU packages,
-and measures named, overlapping windows, which is the shape of a trial's stages. CodeCarbon
-was the alternative; it samples power on a timer for emissions reports and writes its own
-files, where a stage needs a counter read at its start and end. Without a GPU and without
-readable RAPL (containers, most VMs, this development machine), the energy is estimated:
-the process's CPU seconds times ``PARETOLAB_WATTS_PER_CORE`` (default below). Every trial
-records which it was as ``energy_source``: ``nvml`` (the trial's GPUs only), ``rapl`` (the
-CPU packages: everything running on them, not only this trial) or ``estimate``.
+A stage's energy is the difference of cumulative counters read at its start and end:
+NVML's total-energy counter per GPU (through ``nvidia-ml-py``, NVIDIA's maintained binding)
+and the kernel's RAPL counters per CPU package (``/sys/class/powercap/intel-rapl:N/energy_uj``,
+wrap-around handled). The windows follow Zeus's ``ZeusMonitor`` (``begin_window`` /
+``end_window``, named and overlapping). Zeus itself was the first choice and was tried: its
+hard dependency ``amdsmi`` makes Ray fail to start on a machine without ROCm's
+``libamd_smi.so`` (Ray imports ``amdsmi`` when it is installed; seen here as ``ray start``
+dying with ``KeyError: 'libamd_smi.so'``), so it cannot be a dependency of a Ray tool.
+CodeCarbon samples power on a timer for emissions reports and writes its own files, where a
+stage needs a counter read at its edges. Without a GPU and without readable RAPL (containers,
+most VMs, this development machine), the energy is estimated: the process's CPU seconds times
+``PARETOLAB_WATTS_PER_CORE`` (default below). Every trial records which it was as
+``energy_source``: ``nvml`` (the trial's GPUs), ``rapl`` (the CPU packages: everything running
+on them, not only this trial) or ``estimate``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import time
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from paretolab.errors import ConfigError
 
@@ -52,15 +60,79 @@ def choose_source(monitor: Any, *, gpu: bool) -> str:
     return "estimate"
 
 
+class Measurement(NamedTuple):
+    """Joules of one window, per GPU and per CPU package (Zeus's ``Measurement`` fields)."""
+
+    gpu_energy: dict[int, float]
+    cpu_energy: dict[int, float] | None
+    dram_energy: dict[int, float] | None = None
+
+
+class CounterMonitor:
+    """Named, overlapping windows over cumulative energy counters (in joules), GPUs' and CPU packages'.
+
+    ``gpus`` and ``cpus`` map an index to a function returning the counter now; ``wrap`` gives a
+    counter's range where it wraps around (RAPL's ``max_energy_range_uj``).
+    """
+
+    def __init__(self, gpus: dict[int, Callable[[], float]], cpus: dict[int, Callable[[], float]], wrap: dict[int, float] | None = None) -> None:
+        self.gpus, self.cpus, self.wrap = gpus, cpus, wrap or {}
+        self.gpu_indices, self.cpu_indices = list(gpus), list(cpus)
+        self._start: dict[str, tuple[dict[int, float], dict[int, float]]] = {}
+
+    def _read(self) -> tuple[dict[int, float], dict[int, float]]:
+        return {i: f() for i, f in self.gpus.items()}, {i: f() for i, f in self.cpus.items()}
+
+    def begin_window(self, key: str) -> None:
+        self._start[key] = self._read()
+
+    def end_window(self, key: str) -> Measurement:
+        (g0, c0), (g1, c1) = self._start.pop(key), self._read()
+        cpu = {i: (c1[i] - c0[i]) % self.wrap[i] if i in self.wrap else c1[i] - c0[i] for i in c1}
+        return Measurement({i: g1[i] - g0[i] for i in g1}, cpu or None)
+
+
 @lru_cache(maxsize=1)
-def zeus_monitor() -> Any:
-    """One ZeusMonitor per worker process (None when Zeus is not installed)."""
+def counter_monitor() -> CounterMonitor:
+    """The counters this worker process can read: NVML for its visible GPUs, RAPL for the CPU packages."""
+    gpus = _nvml_counters()
+    cpus, wrap = _rapl_counters()
+    return CounterMonitor(gpus, cpus, wrap)
+
+
+def _nvml_counters() -> dict[int, Callable[[], float]]:
+    """NVML's energy counter (mJ since the driver loaded, Volta and later) for each GPU CUDA lets this process see."""
     try:
-        from zeus.monitor import ZeusMonitor
-    except ImportError:
-        return None
-    # approx_instant_energy: a window shorter than NVML's counter update reads power x time instead of 0
-    return ZeusMonitor(approx_instant_energy=True)
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(int(n)) if n.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(n) for n in names]
+        for h in handles:
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(h)  # raises where the GPU has no counter
+    except Exception:  # no driver, no GPU, an old GPU: no NVML reading
+        return {}
+    return {i: (lambda h=h: pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0) for i, h in enumerate(handles)}
+
+
+def _rapl_counters(root: str = "/sys/class/powercap") -> tuple[dict[int, Callable[[], float]], dict[int, float]]:
+    """RAPL's package counters (µJ in sysfs) that this process may read, and where each wraps."""
+    counters: dict[int, Callable[[], float]] = {}
+    wrap: dict[int, float] = {}
+    for path in sorted(glob.glob(f"{root}/intel-rapl:*/energy_uj")):
+        zone = Path(path).parent
+        if zone.name.count(":") != 1 or not os.access(path, os.R_OK):
+            continue  # sub-zones (core, dram) are inside their package's count
+        try:
+            index = int(zone.name.split(":")[1])
+            wrap[index] = int((zone / "max_energy_range_uj").read_text()) / 1e6
+            counters[index] = lambda p=Path(path): int(p.read_text()) / 1e6
+            counters[index]()
+        except (OSError, ValueError):
+            counters.pop(index, None)
+            wrap.pop(index, None)
+    return counters, wrap
 
 
 class EnergyMeter:
@@ -72,15 +144,14 @@ class EnergyMeter:
         self.watts = watts_per_core() if self.source == "estimate" else 0.0
         self.joules: dict[str, float] = {}
         self._open: dict[str, float] = {}
-        self._prefix = f"paretolab-{id(self)}-"  # Zeus windows are global to the monitor
+        self._prefix = f"paretolab-{id(self)}-"  # the monitor is shared by the process's meters
 
     @classmethod
     def for_this_process(cls) -> EnergyMeter:
-        """The meter a trial uses: Zeus's monitor where NVML or RAPL can be read, the estimate otherwise."""
+        """The meter a trial uses: NVML or RAPL counters where they can be read, the estimate otherwise."""
         import torch
 
-        gpu = torch.cuda.is_available()
-        return cls(zeus_monitor() if gpu or _rapl_present() else None, gpu=gpu)
+        return cls(counter_monitor(), gpu=torch.cuda.is_available())
 
     def begin(self, name: str) -> None:
         if self.source == "estimate":
@@ -109,9 +180,3 @@ class EnergyMeter:
             self.end(name)
             self.joules.pop(name, None)
 
-
-def _rapl_present() -> bool:
-    """Whether a RAPL counter is readable (Zeus is imported only where it can read something)."""
-    import glob
-
-    return any(os.access(p, os.R_OK) for p in glob.glob("/sys/class/powercap/intel-rapl:*/energy_uj"))

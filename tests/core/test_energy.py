@@ -91,3 +91,21 @@ def test_a_trial_reports_energy_per_stage_and_its_source(tiny):
     assert result.info["energy_source"] == "estimate"  # no GPU, no readable RAPL here
     assert set(result.stage_energy_j) == {"copy", "transform:stage0", "evaluate", "measure"}
     assert result.metrics["energy_j"] >= sum(result.stage_energy_j.values()) > 0
+
+
+def test_rapl_counters_read_packages_only_and_survive_wrap_around(tmp_path):
+    from paretolab.energy import CounterMonitor, _rapl_counters
+
+    for zone, value in (("intel-rapl:0", 999_000_000), ("intel-rapl:1", 5_000_000), ("intel-rapl:0:0", 1)):
+        (tmp_path / zone).mkdir()
+        (tmp_path / zone / "energy_uj").write_text(str(value))
+        (tmp_path / zone / "max_energy_range_uj").write_text("1000000000")
+    counters, wrap = _rapl_counters(str(tmp_path))
+    assert sorted(counters) == [0, 1] and wrap == {0: 1000.0, 1: 1000.0}  # the core sub-zone is inside package 0
+    monitor = CounterMonitor({}, counters, wrap)
+    meter = EnergyMeter(monitor)
+    assert meter.source == "rapl"
+    meter.begin("evaluate")
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("2000000")  # wrapped past 1000 J: 1 + 2 J
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("9000000")  # 4 J
+    assert meter.end("evaluate") == pytest.approx(7.0)
