@@ -123,7 +123,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                     measure = regs.measures.get(name)
                     measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
                     # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
-                    metrics.update({k: v for k, v in measured.items() if k not in task_metrics})
+                    metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
                 result.stage_s["measure"] = time.perf_counter() - t0
