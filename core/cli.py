@@ -30,7 +30,8 @@ def _store_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tracking-uri", help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
 
 
-REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,prefill_ms,decode_tok_s"
+# the speedups against the unmodified model (timed beside each trial) lead; absolute times follow
+REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,prefill_speedup,decode_speedup,prefill_ms,decode_tok_s,energy_j"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,7 +375,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "tasks": [{"name": t.name, "metrics": list(t.metrics)} for t in regs.tasks],
             "measures": [{"name": m.name, "metrics": list(m.metrics), "default": m.default} for m in regs.measures],
             "metrics": [vars(m) for m in regs.metrics],
-            "models": [{"name": m.name, "description": m.description} for m in regs.models],
+            "models": [{"name": m.name, "weights": m.weights, "description": m.description} for m in regs.models],
         }
         print(json.dumps(payload, indent=2))
         return 0
@@ -400,7 +401,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(f"  {metric.name}{unit}  {metric.direction}{', estimated' if metric.estimated else ''}: {metric.description}")
     print("models:")
     for model in regs.models:
-        print(f"  {model.name}: {model.description}")
+        print(f"  {model.name} [weights: {model.weights}]: {model.description}")
     return 0
 
 
@@ -414,7 +415,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
     for model in registries().models:
         state = "cached" if model.is_cached() else "not cached (paretolab models pull " + model.name + ")"
-        print(f"{model.name:16s} {state}\n    {model.description}")
+        print(f"{model.name:16s} {state}\n    weights: {model.weights}\n    {model.description}")
     print("Any local model directory or Hugging Face id (org/name) also works as `model:`.")
     return 0
 

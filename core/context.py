@@ -16,7 +16,8 @@ class TrialContext:
     ``seed`` is the study seed plus the trial number: use ``generator()`` for any randomness
     so that a trial is reproducible from its number. ``device`` is the subject's device: put new
     tensors there. Files written under ``workdir`` and listed with ``add_artifact`` are logged
-    to MLflow by the driver.
+    to MLflow by the driver. ``base`` is the worker's unmodified subject (shared by every trial
+    of the worker: read it, never change it).
     """
 
     seed: int
@@ -25,6 +26,8 @@ class TrialContext:
     trial_number: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stage: str = ""
+    cpus: float = 0.0  # the trial's resources.cpus (0: not set); timing measures fix torch's threads to it
+    base: Any = None  # the unmodified base Subject, for measures that time it beside the method; never modify it
     task: dict[str, Any] = field(default_factory=dict)
     artifacts: list[Path] = field(default_factory=list)
 

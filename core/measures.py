@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,43 +83,82 @@ class Size(Measure):
 class LatencyOptions:
     prompt_tokens: int = option(128, low=1)  # length of the fixed prompt for prefill
     new_tokens: int = option(32, low=1)  # tokens decoded per decode run
-    repeats: int = option(5, low=1)  # timed prefill repeats (median reported); decode uses max(2, repeats // 2)
+    repeats: int = option(5, low=1)  # paired rounds at least, for prefill and for decode
+    max_repeats: int = option(30, low=1)  # paired rounds at most
+    max_s: float = option(20.0, low=0.0)  # time cap per phase (prefill, decode); past it three rounds suffice
+    target_spread: float = option(0.05, low=0.0)  # stop once IQR / median of the times and of the speedups is at most this
     warmup: int = option(1, low=0)
+    baseline: bool = True  # also time the unmodified model, alternating, for prefill_speedup / decode_speedup
 
 
 class Latency(Measure):
-    """Median prefill time of a fixed prompt, and greedy decode tokens/s at batch 1."""
+    """Prefill time of a fixed prompt and greedy decode tokens/s at batch 1, beside the unmodified model.
+
+    One timing at a time per node (``paretolab.timing.node_lock``), with torch's threads set to
+    the trial's ``resources.cpus``; the method's model and the unmodified one run alternately
+    until the spread is small or ``max_s`` is spent. Reports medians, IQRs and the paired
+    speedups (unmodified time / method time), which hold up under load where times do not.
+    """
 
     name = "latency"
-    metrics = ("prefill_ms", "decode_tok_s")
+    metrics = (
+        "prefill_ms", "prefill_ms_iqr", "decode_tok_s", "decode_tok_s_iqr",
+        "prefill_speedup", "prefill_speedup_iqr", "decode_speedup", "decode_speedup_iqr",
+        "prefill_cpu_speedup", "decode_cpu_speedup", "base_prefill_ms", "base_decode_tok_s", "timing_wait_s",
+    )
     options = LatencyOptions
     default = True
 
     def measure(self, subject: Subject, options: LatencyOptions, ctx: TrialContext) -> dict[str, float]:
+        from paretolab.timing import node_lock, spread, time_paired, torch_threads
+
         model = subject.model
-        vocab = int(getattr(model.config, "vocab_size", 256))
+        base = ctx.base.model if options.baseline and ctx.base is not None else None
+        vocab = min(int(getattr(m.config, "vocab_size", 256)) for m in (model, base) if m is not None)
         gen = torch.Generator().manual_seed(1234)  # the same prompt for every trial
-        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen).to(subject.device)
-        sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
-        with torch.no_grad():
-            for _ in range(options.warmup):
-                model(input_ids=prompt)
-            prefill = []
-            for _ in range(options.repeats):
-                sync()
-                start = time.perf_counter()
-                model(input_ids=prompt)
-                sync()
-                prefill.append(time.perf_counter() - start)
-            greedy_decode(model, prompt[:, :16], 4)  # warm the decode path
-            rates = []
-            for _ in range(max(2, options.repeats // 2)):
-                sync()
-                start = time.perf_counter()
-                new = greedy_decode(model, prompt[:, :16], options.new_tokens)
-                sync()
-                rates.append(new.shape[1] / (time.perf_counter() - start))
-        return {"prefill_ms": statistics.median(prefill) * 1000, "decode_tok_s": statistics.median(rates)}
+        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen)
+        ids = prompt.to(subject.device)
+        base_ids = prompt.to(next(base.parameters()).device) if base is not None else None
+        cuda = ids.is_cuda or (base_ids is not None and base_ids.is_cuda)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        rounds = {"min_rounds": options.repeats, "max_rounds": options.max_repeats, "max_s": options.max_s,
+                  "target": options.target_spread, "sync": sync}
+        with node_lock() as waited, torch_threads(int(ctx.cpus)), torch.no_grad():
+            models = [(model, ids)] + ([(base, base_ids)] if base is not None else [])
+            for m, x in models:
+                for _ in range(options.warmup):
+                    m(input_ids=x)
+                greedy_decode(m, x[:, :16], 4)  # warm the decode path
+            keep, base_keep = _last_logits(model), _last_logits(base) if base is not None else {}
+            prefill = time_paired(lambda: model(input_ids=ids, **keep), (lambda: base(input_ids=base_ids, **base_keep)) if base is not None else None, **rounds)
+            n = options.new_tokens
+            decode = time_paired(lambda: greedy_decode(model, ids[:, :16], n), (lambda: greedy_decode(base, base_ids[:, :16], n)) if base is not None else None, **rounds)
+        rates = [n / t for t in decode.method]
+        out = {
+            "prefill_ms": statistics.median(prefill.method) * 1000,
+            "prefill_ms_iqr": spread(prefill.method) * 1000,
+            "decode_tok_s": statistics.median(rates),
+            "decode_tok_s_iqr": spread(rates),
+            "timing_wait_s": waited,
+        }
+        if base is not None:
+            out.update({
+                "prefill_speedup": statistics.median(prefill.ratios),
+                "prefill_speedup_iqr": spread(prefill.ratios),
+                "decode_speedup": statistics.median(decode.ratios),
+                "decode_speedup_iqr": spread(decode.ratios),
+                "base_prefill_ms": statistics.median(prefill.base) * 1000,
+                "base_decode_tok_s": statistics.median([n / t for t in decode.base]),
+            })
+            if not cuda:  # a GPU's work is not the process's CPU time
+                out["prefill_cpu_speedup"] = statistics.median(prefill.cpu_ratios)
+                out["decode_cpu_speedup"] = statistics.median(decode.cpu_ratios)
+        return out
+
+
+def _last_logits(model: torch.nn.Module) -> dict[str, int]:
+    """Prefill needs the last position's logits only; ask for just those where the model can (transformers' ``logits_to_keep``)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(model).forward).parameters else {}
 
 
 @hookimpl

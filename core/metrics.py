@@ -31,7 +31,7 @@ class Metric:
 
 
 # What run_trial and the driver report for every trial, whatever its methods (peak_gpu_mb only on a GPU).
-TRIAL_METRICS: tuple[str, ...] = ("transform_s", "evaluate_s", "measure_s", "trial_s", "peak_rss_mb", "overhead_s")
+TRIAL_METRICS: tuple[str, ...] = ("transform_s", "evaluate_s", "measure_s", "trial_s", "peak_rss_mb", "overhead_s", "energy_j")
 
 # The core's own metrics. Plugins register theirs through the `register_metrics` hook.
 BUILTIN_METRICS: tuple[Metric, ...] = (
@@ -44,9 +44,21 @@ BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("size_bytes", "bytes", "minimize", "bytes of the weights as stored by the methods' formats"),
     Metric("prefill_ms", "ms", "minimize", "latency measure: median forward pass over a fixed prompt; generation tasks: prefill wall time per example"),
     Metric("decode_tok_s", "tokens/s", "maximize", "latency measure: greedy decode at batch 1; generation tasks: generated tokens per second of decoding"),
+    Metric("prefill_ms_iqr", "ms", "minimize", "latency measure: interquartile range of the repeated prefill times"),
+    Metric("decode_tok_s_iqr", "tokens/s", "minimize", "latency measure: interquartile range of the repeated decode rates"),
+    Metric("prefill_speedup", "x", "maximize", "latency measure: unmodified model's prefill time / the method's, median over rounds timed alternately in the same worker"),
+    Metric("prefill_speedup_iqr", "x", "minimize", "latency measure: interquartile range of the per-round prefill speedups"),
+    Metric("decode_speedup", "x", "maximize", "latency measure: unmodified model's decode time / the method's, median over rounds timed alternately in the same worker"),
+    Metric("decode_speedup_iqr", "x", "minimize", "latency measure: interquartile range of the per-round decode speedups"),
+    Metric("prefill_cpu_speedup", "x", "maximize", "latency measure (CPU): unmodified model's process CPU seconds / the method's over the same prefill rounds; blind to time spent waiting for a core"),
+    Metric("decode_cpu_speedup", "x", "maximize", "latency measure (CPU): unmodified model's process CPU seconds / the method's over the same decode rounds"),
+    Metric("base_prefill_ms", "ms", "minimize", "latency measure: median prefill time of the unmodified model, timed beside the method"),
+    Metric("base_decode_tok_s", "tokens/s", "maximize", "latency measure: median decode rate of the unmodified model, timed beside the method"),
+    Metric("timing_wait_s", "s", "minimize", "latency measure: seconds waited for the node's timing lock (other trials were timing)"),
     Metric("tokens_total", "tokens", "minimize", "tokens generated per example, every branch counted (generation tasks)"),
     Metric("tokens_sequential", "tokens", "minimize", "decode steps per example taken one after another: the latency proxy (generation tasks)"),
     Metric("peak_rss_mb", "MiB", "minimize", "peak resident memory of the worker during the trial"),
+    Metric("energy_j", "J", "minimize", "energy of the trial inside the worker, copy to measure: NVML (its GPUs), RAPL (the CPU packages) or estimated from CPU seconds x watts per core; the trial's energy_source says which"),
     Metric("peak_gpu_mb", "MiB", "minimize", "peak GPU memory allocated during the trial"),
     Metric("transform_s", "s", "minimize", "wall time of all transform stages"),
     Metric("evaluate_s", "s", "minimize", "wall time of quality evaluation"),

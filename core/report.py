@@ -179,6 +179,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         + ", ".join(f"{m} ({d})" for m, d in objectives)
         + f"; {len(rows)} complete trial(s), {failed} failed.",
         "",
+        *_provenance(rows),
     ]
     note = study_quality_note(name, stores)
     if note:
@@ -190,7 +191,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
     first = objectives[0][0]
     dense = [r[first] for r in rows if r["method"] == "none"]
-    if dense and dense[0]:
+    if dense and dense[0] and first != "size_bytes":  # sizes get their own ratios, against the stored and the fp16 base
         ratio = f"{first} ÷ none"
         for r in shown:
             r[ratio] = r[first] / dense[0]
@@ -202,8 +203,81 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
                  for _, m, k in [key.split(".")] if k in named.get(m, ())}
         r["params"] = given or r["params"]
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), ""]
+    columns = _size_ratios(shown, columns)
+    notes = _marks(shown, columns)
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes]
     return "\n".join(lines)
+
+
+# A timing whose interquartile range exceeds this fraction of its median is too noisy to rank
+# trials by: two such timings may swap order on a rerun.
+NOISY_SPREAD = 0.2
+TIMINGS = {"prefill_speedup": "prefill_speedup_iqr", "decode_speedup": "decode_speedup_iqr",
+           "prefill_ms": "prefill_ms_iqr", "decode_tok_s": "decode_tok_s_iqr"}
+ENERGY_SOURCE = "info.energy_source"
+
+
+def _provenance(rows: list[dict[str, Any]]) -> list[str]:
+    """The base model's weights and sizes, and where energy figures come from, as read from the trials' runs."""
+    params = next((r["run_params"] for r in rows if r.get("run_params", {}).get("info.weights")), None)
+    lines = []
+    if params:
+        stored, fp16 = _float(params.get("info.base_stored_bytes")), _float(params.get("info.base_fp16_bytes"))
+        sizes = f"; stored {stored / 1e6:,.1f} MB, {fp16 / 1e6:,.1f} MB in fp16" if stored and fp16 else ""
+        lines.append(f"Base weights: **{params['info.weights']}**{sizes}. Sizes are given against both "
+                     "(`size ÷ stored base`, `size ÷ fp16 base`), never against the fp32 they are computed in.")
+    sources = sorted({r.get("run_params", {}).get(ENERGY_SOURCE, "") for r in rows} - {""})
+    if sources:
+        from paretolab.energy import DEFAULT_WATTS_PER_CORE
+
+        how = {"nvml": "NVML (the trial's GPUs)", "rapl": "RAPL (the CPU packages)",
+               "estimate": f"an estimate: CPU seconds × watts per core (default {DEFAULT_WATTS_PER_CORE} W), marked ≈"}
+        lines.append("Energy: " + "; ".join(how.get(src, src) for src in sources) + ".")
+    return [*lines, ""] if lines else []
+
+
+def _size_ratios(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """Add ``size ÷ stored base`` and ``size ÷ fp16 base`` after ``size_bytes`` where the trials know their base."""
+    if "size_bytes" not in columns:
+        return columns
+    added = []
+    for r in rows:
+        for label, key in (("size ÷ stored base", "info.base_stored_bytes"), ("size ÷ fp16 base", "info.base_fp16_bytes")):
+            base = _float(r.get("run_params", {}).get(key))
+            if base and isinstance(r.get("size_bytes"), float):
+                r[label] = r["size_bytes"] / base
+                added.append(label)
+    at = columns.index("size_bytes") + 1
+    return columns[:at] + [c for c in ("size ÷ stored base", "size ÷ fp16 base") if c in added] + columns[at:]
+
+
+def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """Mark timings too noisy to rank (†) and estimated energies (≈) in place; the notes that explain them."""
+    noisy = estimated = False
+    for r in rows:
+        for column, iqr in TIMINGS.items():
+            value, spread = r.get(column), r.get(iqr)
+            if column in columns and isinstance(value, float) and isinstance(spread, float) and value and spread / abs(value) > NOISY_SPREAD:
+                r[column] = f"{_cell(value)} †"
+                noisy = True
+        if r.get("run_params", {}).get(ENERGY_SOURCE) == "estimate":
+            for column in columns:
+                if (column == "energy_j" or column.startswith("stage_energy_j.")) and isinstance(r.get(column), float):
+                    r[column] = f"≈{_cell(r[column])}"
+                    estimated = True
+    notes = []
+    if noisy:
+        notes.append(f"† spread too large to rank: the timing's interquartile range is over {NOISY_SPREAD:.0%} of its median.")
+    if estimated:
+        notes.append("≈ energy estimated from CPU time (no NVML or RAPL reading on that machine).")
+    return [*notes, ""] if notes else []
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:

@@ -99,7 +99,7 @@ def run_study(
         return outcome
 
     _init_ray(address)
-    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed)
+    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus)
     pool = WorkerPool(spec.model, settings, spec.resources)
     n_workers = pool.size_for(target - done)
     shown = stores.redacted()

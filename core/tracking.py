@@ -71,6 +71,8 @@ class Tracker:
             TRIAL: str(number),
             "mlflow.parentRunId": parent,
             "paretolab.simulated_by": ",".join(result.simulated_by),
+            "paretolab.energy_source": str(result.info.get("energy_source", "")),
+            "paretolab.weights": str(result.info.get("weights", "")),
             **tags,
         }
         if result.failed:
@@ -79,6 +81,7 @@ class Tracker:
         run_id = run.info.run_id
         metrics = {k: v for k, v in result.metrics.items() if v == v}  # NaN can't be logged
         metrics.update({f"stage_s.{k.replace(':', '.')}": v for k, v in result.stage_s.items()})
+        metrics.update({f"stage_energy_j.{k.replace(':', '.')}": v for k, v in result.stage_energy_j.items()})
         info = {f"info.{k}": v for k, v in result.info.items()}
         self._log(run_id, metrics, {**params, **info}, {})
         artifacts = dict(result.artifacts)

@@ -15,6 +15,7 @@ import torch
 
 from paretolab.context import TrialContext
 from paretolab.errors import TrialError
+from paretolab.energy import EnergyMeter
 from paretolab.options import parse_options
 from paretolab.search import StagePlan
 from paretolab.subject import Subject, tokenizer_state
@@ -38,6 +39,7 @@ class TrialResult:
 
     metrics: dict[str, float] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)
+    stage_energy_j: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     simulated_by: list[str] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class TrialSettings:
     task_options: dict[str, Any]
     measures: dict[str, dict[str, Any]] | None
     seed: int
+    cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int) -> TrialResult:
@@ -70,7 +73,9 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     sampler = _PeakMemory()
     if torch.cuda.is_available():  # peak_gpu_mb is this trial's peak, not the worker's lifetime peak
         torch.cuda.reset_peak_memory_stats()
+    meter = EnergyMeter.for_this_process()
     start = time.perf_counter()
+    meter.begin("trial")
     with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
         ctx = TrialContext(
             seed=settings.seed + number,
@@ -78,50 +83,61 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             study=settings.study,
             trial_number=number,
             task={"name": settings.task, **settings.task_options},
+            cpus=settings.cpus,
+            base=base,
         )
         try:
             with sampler, torch.random.fork_rng(devices=[]):
                 torch.manual_seed(ctx.seed)
                 t0 = time.perf_counter()
+                meter.begin("copy")
                 subject = base.copy()
                 ctx.device = subject.device  # where methods put new tensors (the worker's GPU, when it has one)
                 shared_tokenizer = tokenizer_state(base.tokenizer)
                 result.stage_s["copy"] = time.perf_counter() - t0
+                meter.end("copy")
                 methods = []
                 for stage in plan:
                     method = regs.methods.get(stage.method)
                     methods.append(method)
                     ctx.stage = stage.stage
                     t0 = time.perf_counter()
+                    meter.begin(f"transform:{stage.stage}")
                     subject = method.transform(subject, dict(stage.params), ctx)
                     if not isinstance(subject, Subject):
                         raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
                     _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
                     result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
+                    meter.end(f"transform:{stage.stage}")
                     if method.cost_is == "simulated" and method.name not in subject.simulated_by:
                         subject.simulated_by.append(method.name)
                 subject.model.eval()
 
                 t0 = time.perf_counter()
+                meter.begin("evaluate")
                 task = regs.tasks.get(settings.task)
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
                 for method in methods:
                     metrics.update(method.evaluate(subject, ctx))
                 result.stage_s["evaluate"] = time.perf_counter() - t0
+                meter.end("evaluate")
 
                 t0 = time.perf_counter()
+                meter.begin("measure")
                 task_metrics = set(metrics)
                 for name, options in _measures(settings.measures, regs).items():
                     measure = regs.measures.get(name)
                     measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
                     # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
-                    metrics.update({k: v for k, v in measured.items() if k not in task_metrics})
+                    metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
+                meter.end("measure")
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
+            result.info["energy_source"] = meter.source
             result.simulated_by = list(subject.simulated_by)
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)
             if unknown:
@@ -133,6 +149,9 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.error = f"{type(exc).__name__}: {exc}"
             result.traceback = traceback.format_exc()
         result.artifacts = _collect(ctx.artifacts)
+    energy_j = meter.end("trial")
+    meter.close()
+    result.stage_energy_j = {k: v for k, v in meter.joules.items() if k != "trial"}
     transform_s = sum(v for k, v in result.stage_s.items() if k.startswith("transform:"))
     result.metrics.update(
         {
@@ -141,6 +160,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             "measure_s": result.stage_s.get("measure", 0.0),
             "trial_s": time.perf_counter() - start,
             "peak_rss_mb": sampler.peak_mb,
+            "energy_j": energy_j,
         }
     )
     if torch.cuda.is_available():

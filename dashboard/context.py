@@ -86,12 +86,12 @@ class Context:
         return frame.merge(extra, on="number", how="left")
 
     def numeric_metrics(self, frame: pd.DataFrame) -> list[str]:
-        """Objectives first, then every other numeric MLflow metric."""
+        """Objectives first, then the speedups against the unmodified model (they survive load), then every other numeric metric."""
         objectives = [m for m, _ in self.table.objectives]
         skip = {"number", "run_status", *objectives}
         others = [c for c in frame.columns if c not in skip and not c.startswith(("param:", "paretolab.", "datetime"))
                   and pd.api.types.is_numeric_dtype(frame[c]) and frame[c].notna().any()]
-        return objectives + sorted(others)
+        return objectives + sorted(others, key=lambda m: (not m.endswith("_speedup"), m))
 
     def direction(self, metric: str) -> str:
         own = dict(self.table.objectives)

@@ -59,6 +59,7 @@ def frontier_page(ctx: Context) -> None:
     fig = table.memo((*key, log_x, log_y, z_as), lambda: frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method))
     event = st.plotly_chart(fig, key="frontier_chart", on_select="rerun", selection_mode="points", width="stretch")
     _notes(ctx, data, failed, len(done))
+    provenance_caption(frame, [x, y, *([z_metric] if z_metric else [])])
     _selected(event)
     _downloads(ctx, data, log_x, log_y)
     _frontier_table(data)
@@ -93,6 +94,20 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None
     if data.reference.empty:
         parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
     st.caption(" · ".join(parts))
+
+
+def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:
+    """The base model's weights, and a mark when a shown energy is an estimate (from the trials' MLflow tags)."""
+    parts = []
+    weights = sorted(set(frame.get("paretolab.weights", pd.Series(dtype=object)).dropna()) - {""})
+    if weights:
+        parts.append(f"base weights: {', '.join(weights)}")
+    sources = frame.get("paretolab.energy_source", pd.Series(dtype=object))
+    if any(m == "energy_j" or m.startswith("stage_energy_j.") for m in shown) and (sources == "estimate").any():
+        parts.append("energy is an estimate (CPU seconds × watts per core: no NVML or RAPL reading) for "
+                     f"{int((sources == 'estimate').sum())} trial(s)")
+    if parts:
+        st.caption(" · ".join(parts))
 
 
 def _selected(event: object) -> None:

@@ -50,12 +50,14 @@ def trial_page(ctx: Context) -> None:
     with right:
         st.subheader("Metrics")
         metrics = dict(detail.metrics) if detail else {}
-        shown = {**{k: v for k, v in metrics.items() if not k.startswith("stage_s.")}, **{k: v for k, v in objectives.items() if pd.notna(v)}}
+        shown = {**{k: v for k, v in metrics.items() if not k.startswith(("stage_s.", "stage_energy_j."))}, **{k: v for k, v in objectives.items() if pd.notna(v)}}
         st.dataframe(_kv(shown or {"(none)": ""}), hide_index=True, width="stretch")
     stages = {k.removeprefix("stage_s."): v for k, v in (detail.metrics if detail else {}).items() if k.startswith("stage_s.")}
     if stages:
         st.subheader("Stage timings (s)")
         st.bar_chart(pd.Series(stages, name="seconds"), horizontal=True)
+    if detail is not None:
+        _energy_and_provenance(detail)
     if detail is None:
         st.caption("No MLflow run recorded for this trial (it may still be running, or the MLflow store is elsewhere).")
     else:
@@ -64,6 +66,21 @@ def trial_page(ctx: Context) -> None:
     text = reproduce_yaml(ctx.study.pipeline, params, study=ctx.study.name, number=int(number))
     st.code(text, language="yaml")
     st.download_button("Download pipeline YAML", text, file_name=f"{ctx.study.name}-trial{number}.yaml", mime="text/yaml", key="dl_yaml")
+
+
+def _energy_and_provenance(detail: runs.RunDetail) -> None:
+    """Energy per stage with its source (estimates marked), and what the base model's weights are."""
+    energy = {k.removeprefix("stage_energy_j."): v for k, v in detail.metrics.items() if k.startswith("stage_energy_j.")}
+    source = detail.tags.get("paretolab.energy_source") or detail.params.get("info.energy_source", "")
+    if energy:
+        estimated = " — an estimate: CPU seconds × watts per core (no NVML or RAPL reading)" if source == "estimate" else ""
+        st.subheader(f"Energy per stage (J, {source or 'source unknown'}){estimated}")
+        st.bar_chart(pd.Series(energy, name="joules"), horizontal=True)
+    weights = detail.tags.get("paretolab.weights") or detail.params.get("info.weights")
+    if weights:
+        stored, fp16 = detail.params.get("info.base_stored_bytes"), detail.params.get("info.base_fp16_bytes")
+        sizes = f" (stored {float(stored) / 1e6:,.1f} MB; {float(fp16) / 1e6:,.1f} MB in fp16)" if stored and fp16 else ""
+        st.caption(f"Base model weights: {weights}{sizes}")
 
 
 def _tags_and_artifacts(ctx: Context, detail: runs.RunDetail) -> None:

@@ -153,7 +153,7 @@ def test_a_task_that_times_its_own_generation_keeps_its_numbers(tiny, monkeypatc
     from paretolab.search import StagePlan
     from paretolab.trial import TrialSettings, run_trial
 
-    monkeypatch.setattr(Latency, "measure", lambda self, subject, options, ctx: {"prefill_ms": -1.0, "decode_tok_s": -1.0})
+    monkeypatch.setattr(Latency, "measure", lambda self, subject, options, ctx: {"prefill_ms": -1.0, "decode_tok_s": -1.0, "prefill_ms_iqr": -2.0})
     measures = {"latency": {}}
     generation = TrialSettings("gen", "arithmetic", {"limit": 2, "max_new_tokens": 4, "shots": 1}, measures, seed=0)
     perplexity = TrialSettings("ppl", "perplexity", {"max_tokens": 256, "context": 128, "stride": 128}, measures, seed=0)
@@ -162,3 +162,5 @@ def test_a_task_that_times_its_own_generation_keeps_its_numbers(tiny, monkeypatc
     assert not by_task.failed and not by_measure.failed, (by_task.traceback, by_measure.traceback)
     assert by_task.metrics["prefill_ms"] > 0 and by_task.metrics["decode_tok_s"] > 0
     assert by_measure.metrics["prefill_ms"] == -1.0 and by_measure.metrics["decode_tok_s"] == -1.0
+    # the measure's spread goes with its own prefill_ms, never beside the task's
+    assert "prefill_ms_iqr" not in by_task.metrics and by_measure.metrics["prefill_ms_iqr"] == -2.0

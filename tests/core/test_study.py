@@ -62,6 +62,9 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
     assert run.data.tags["mlflow.parentRunId"]
     # magnitude's bitmap storage is a simulated saving, and says so
     assert "magnitude" in run.data.tags["paretolab.simulated_by"]
+    # energy per stage and its source, the base's provenance, and the speedup against the unmodified model
+    assert {"energy_j", "stage_energy_j.evaluate", "stage_energy_j.copy", "prefill_speedup", "prefill_ms_iqr"} <= set(run.data.metrics)
+    assert run.data.tags["paretolab.energy_source"] == "estimate" and run.data.tags["paretolab.weights"] == "random init"
 
     frontier = json.loads(run_cli("frontier", "smoke", "--json", cwd=tmp_path).stdout)
     assert frontier and all({"trial", "ppl", "size_bytes", "params"} <= set(row) for row in frontier)
@@ -71,7 +74,8 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
 
     table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes,sqnr_db", cwd=tmp_path).stdout.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("| method"))
-    assert table[header] == "| method | params | ppl | size_bytes | cost | trial |"  # no trial reported sqnr_db
+    # no trial reported sqnr_db; sizes against the base as stored and in fp16, never only against fp32
+    assert table[header] == "| method | params | ppl | size_bytes | size ÷ stored base | size ÷ fp16 base | cost | trial |"
     labels = {line.split("|")[1].strip() for line in table[header + 2:] if line.startswith("|")}
     assert labels and labels <= {"magnitude", "magnitude+rtn"}
     # a whole document with every complete trial, saying which command made it

@@ -47,6 +47,7 @@ COMPLETE = [
     ("magnitude", 0.8, "rtn", 2, 400.0, 34_000.0),
     ("magnitude", 0.4, "rtn", 4, 25.0, 61_000.0),
 ]
+PROVENANCE = {"weights": "random init", "base_stored_bytes": 400_000.0, "base_fp16_bytes": 200_000.0, "energy_source": "estimate"}
 TRACEBACK = 'Traceback (most recent call last):\n  File "trial.py", line 1, in run\nRuntimeError: boom: weights went NaN\n'
 
 
@@ -93,7 +94,9 @@ def build_stores(home: Path) -> Stores:
             params, dists = _params(stage0, sparsity, stage1, bits)
             metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5}
             simulated = [m for m in (stage0, stage1) if m != "none"]
-            result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated)
+            metrics.update({"energy_j": 3.5, "prefill_speedup": 1.0 + number / 10})
+            result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated,
+                                 stage_energy_j={"transform:stage0": 0.1, "evaluate": 1.4, "measure": 2.0}, info=PROVENANCE)
             run_id = tracker.log_trial(parent, number, _mlflow_params(stage0, sparsity, stage1, bits), result, tags)
             study.add_trial(create_trial(params=params, distributions=dists, values=[ppl, size], user_attrs={"mlflow_run_id": run_id}))
             number += 1

@@ -193,3 +193,15 @@ def test_empty_store_says_so_without_a_traceback(empty_env, page):
 def test_frontier_of_a_random_weight_model_is_labelled_not_meaningful_for_quality(store_env):
     at = open_app("Frontier", "demo")  # the fixture studies ran on tiny-llama
     assert any("Not meaningful for quality: model 'tiny-llama' has random weights" in w.value for w in at.warning)
+
+
+def test_energy_per_stage_and_provenance_with_estimates_marked(store_env):
+    at = open_app("Trial", "demo", trial=4)
+    shown = texts(at)
+    assert "Energy per stage (J, estimate) — an estimate: CPU seconds × watts per core" in shown
+    assert "Base model weights: random init (stored 0.4 MB; 0.2 MB in fp16)" in shown
+    frontier = open_app("Frontier", "demo")
+    assert "base weights: random init" in texts(frontier)
+    frontier.selectbox(key="fz").set_value("energy_j").run()
+    assert "energy is an estimate" in texts(frontier)
+    assert frontier.selectbox(key="fz").options[1] == "prefill_speedup"  # the ratio leads the other metrics

@@ -1,0 +1,133 @@
+"""Timing that survives a busy machine: one timing at a time per node, fixed threads, paired repeats.
+
+Two trials that time themselves at once on the same cores slow each other down by whatever the
+other happens to run, so a latency can differ many-fold between identical models. Here:
+
+- ``node_lock`` serialises timings on a node (an ``fcntl`` lock on a file in the node's temporary
+  directory, which every Ray worker on that node shares; held only while timing);
+- ``torch_threads`` fixes torch's intra-op threads to the trial's ``resources.cpus``;
+- ``time_paired`` alternates the method's run with the unmodified model's run (order flipped each
+  round) until the spread is small or a time cap is hit. Load that comes and goes hits both runs
+  of a round alike, so their ratio (the speedup) survives it better than either time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+LOCK_ENV = "PARETOLAB_TIMING_LOCK"
+LOCK_NAME = "paretolab-timing.lock"
+MIN_CAPPED_ROUNDS = 3
+
+
+def lock_path() -> Path:
+    """The node-local lock file: ``$PARETOLAB_TIMING_LOCK`` or ``paretolab-timing.lock`` in the temp dir."""
+    return Path(os.environ.get(LOCK_ENV) or Path(tempfile.gettempdir()) / LOCK_NAME)
+
+
+@contextmanager
+def node_lock(path: Path | None = None) -> Iterator[float]:
+    """Hold the node's timing lock while the block runs; yields the seconds spent waiting for it."""
+    path = path or lock_path()
+    with open(path, "a+") as handle:
+        start = time.perf_counter()
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released by the kernel too if the process dies
+        try:
+            yield time.perf_counter() - start
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (``n`` < 1 leaves the setting alone)."""
+    before = torch.get_num_threads()
+    if n >= 1:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range of ``values`` (0 for fewer than two)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
+
+
+def relative_spread(values: list[float]) -> float:
+    """IQR / median: the spread a ranking has to beat."""
+    middle = statistics.median(values) if values else 0.0
+    return spread(values) / middle if middle else float("inf")
+
+
+@dataclass
+class Paired:
+    """Wall seconds per run of the method and, when timed, of the unmodified model, in rounds; and the
+    process's CPU seconds over the same runs (on a CPU, time spent waiting for a core is not in them)."""
+
+    method: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    method_cpu: list[float] = field(default_factory=list)
+    base_cpu: list[float] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per round, base time / method time (> 1: the method is faster)."""
+        return [b / m for b, m in zip(self.base, self.method) if m > 0]
+
+    @property
+    def cpu_ratios(self) -> list[float]:
+        """Per round, base CPU seconds / method CPU seconds."""
+        return [b / m for b, m in zip(self.base_cpu, self.method_cpu) if m > 0]
+
+    def settled(self, target: float) -> bool:
+        """Whether the method's times and, with a base, the paired ratios spread at most ``target``."""
+        return relative_spread(self.method) <= target and (not self.base or relative_spread(self.ratios) <= target)
+
+
+def time_paired(
+    method: Callable[[], None],
+    base: Callable[[], None] | None,
+    *,
+    min_rounds: int,
+    max_rounds: int,
+    max_s: float,
+    target: float,
+    sync: Callable[[], None] = lambda: None,
+) -> Paired:
+    """Time ``method`` (and ``base``, alternating, order flipped each round) until settled or capped.
+
+    Runs at least ``min_rounds`` rounds, then stops once ``Paired.settled(target)`` or after
+    ``max_rounds`` rounds; past ``max_s`` seconds it stops as soon as it has three rounds.
+    """
+    out = Paired()
+    start = time.perf_counter()
+    for round_ in range(max(1, max_rounds)):
+        order = [(method, out.method, out.method_cpu)] + ([(base, out.base, out.base_cpu)] if base is not None else [])
+        for fn, times, cpu in order if round_ % 2 == 0 else reversed(order):
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        done = round_ + 1
+        if done >= min_rounds and out.settled(target):
+            break
+        if done >= min(MIN_CAPPED_ROUNDS, min_rounds) and time.perf_counter() - start >= max_s:
+            break  # a slow model under the cap still gets a median of three
+    return out
