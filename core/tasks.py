@@ -163,26 +163,41 @@ class MultipleChoice(Task):
     options = MultipleChoiceOptions
 
     def evaluate(self, subject: Subject, options: MultipleChoiceOptions, ctx: TrialContext) -> dict[str, float]:
-        rows = read_jsonl(options.dataset, folder="mc")
-        if options.limit:
-            rows = rows[: options.limit]
-        if not rows:
-            raise ConfigError(f"task.dataset {options.dataset!r} has no rows")
-        delimiter = delimiter_of(options)
-        hits: list[float] = []
-        hits_norm: list[float] = []
-        for row in rows:
-            pairs, gold, texts = _choices(row, options.dataset, delimiter)
-            scores = _loglikelihoods(subject, pairs, options.batch_size)
-            if gold is None:  # LAMBADA-style: correct iff the continuation is the greedy one
-                hits.append(float(pairs[0][2]))
-                hits_norm.append(float(pairs[0][2]))
-                continue
-            lengths = [max(len(text), 1) for text in texts]
-            hits.append(float(_argmax(scores) == gold))
-            hits_norm.append(float(_argmax([s / n for s, n in zip(scores, lengths)]) == gold))
+        scored = score_rows(subject, options)
+        hits = [r.hit for r in scored]
+        hits_norm = [r.hit_norm for r in scored]
         ctx.add_artifact(ARTIFACT, per_example_json("example", {"acc": hits, "acc_norm": hits_norm}))
-        return {**mean_with_stderr("acc", hits), **mean_with_stderr("acc_norm", hits_norm), "n_examples": float(len(rows))}
+        return {**mean_with_stderr("acc", hits), **mean_with_stderr("acc_norm", hits_norm), "n_examples": float(len(scored))}
+
+
+@dataclass(frozen=True)
+class RowScore:
+    """One row's outcome: each choice's summed log-likelihood and whether acc and acc_norm got it right."""
+
+    loglikelihoods: list[float]
+    hit: float
+    hit_norm: float
+
+
+def score_rows(subject: Subject, options: MultipleChoiceOptions) -> list[RowScore]:
+    """Every evaluated row of ``options.dataset`` scored (the per-example data behind acc and acc_norm)."""
+    rows = read_jsonl(options.dataset, folder="mc")
+    if options.limit:
+        rows = rows[: options.limit]
+    if not rows:
+        raise ConfigError(f"task.dataset {options.dataset!r} has no rows")
+    delimiter = delimiter_of(options)
+    out = []
+    for row in rows:
+        pairs, gold, texts = _choices(row, options.dataset, delimiter)
+        scores = _loglikelihoods(subject, pairs, options.batch_size)
+        if gold is None:  # LAMBADA-style: correct iff the continuation is the greedy one
+            out.append(RowScore(scores, float(pairs[0][2]), float(pairs[0][2])))
+            continue
+        lengths = [max(len(text), 1) for text in texts]
+        norm = [s / n for s, n in zip(scores, lengths)]
+        out.append(RowScore(scores, float(_argmax(scores) == gold), float(_argmax(norm) == gold)))
+    return out
 
 
 def delimiter_of(options: MultipleChoiceOptions) -> str:
