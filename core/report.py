@@ -102,7 +102,7 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
         run = runs.get(trial.number)
         metrics = dict(run.data.metrics) if run else {}
         metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
-        rows.append({"trial": trial.number, "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
+        rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
                      "run_params": dict(run.data.params) if run else {}, **metrics,
                      "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
     return objectives, rows
@@ -171,8 +171,33 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
                  for _, m, k in [key.split(".")] if k in named.get(m, ())}
         r["params"] = given or r["params"]
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), ""]
+    columns, legend = _with_uncertainty(shown, rows, columns, stores)
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *legend]
     return "\n".join(lines)
+
+
+def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores) -> tuple[list[str], list[str]]:
+    """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
+    from paretolab.noise import QUALITY, artifact_reader, quality_cells
+
+    quality = [c for c in columns if c in QUALITY]
+    if not quality:
+        return columns, []
+    baseline = next((r for r in rows if r["method"] == "none"), None)
+    added = quality_cells(shown, baseline, quality, artifact_reader(stores.tracking_uri))
+    out = list(columns)
+    for column in added:  # each difference right after its metric
+        metric = column[1:].split(" ", 1)[0]
+        out.insert(out.index(metric) + 1, column)
+    if any(r.get("n") for r in shown):
+        out.append("n")
+    legend = [
+        "Quality: value ± 1 standard error (lm-eval's formula), or a 95 % bootstrap interval over the windows for ppl. "
+        "Δ … vs none: difference to the unmodified model with its 95 % interval, paired over the same examples or "
+        "windows; *within noise* when that interval contains 0. n: the examples or windows behind the quality numbers.",
+        "",
+    ]
+    return out, legend
 
 
 def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:

@@ -115,8 +115,29 @@ def paired_difference(a: Samples, b: Samples, *, resamples: int = RESAMPLES, lev
     return PairedDifference(float(a.value()) - float(b.value()), float(np.quantile(diffs, tail)), float(np.quantile(diffs, 1 - tail)), a.n, a.unit)
 
 
-def unpaired_within_noise(a: float, sa: float, b: float, sb: float, z: float = 1.96) -> bool:
+def unpaired_within_noise(a: float, sa: float, b: float, sb: float, z: float = 1.959964) -> bool:
     """True when |a - b| is under z combined standard errors (used where per-example scores are not at hand)."""
     if any(not math.isfinite(v) for v in (a, sa, b, sb)):
         return False
     return abs(a - b) <= z * math.hypot(sa, sb)
+
+
+Z95 = 1.959964
+
+
+def interval(metrics: dict[str, Any], metric: str) -> tuple[float, float] | None:
+    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, else value ± 1.96 stderr."""
+    try:
+        if metric == "ppl" and metrics.get("ppl_ci_low") is not None:
+            return float(metrics["ppl_ci_low"]), float(metrics["ppl_ci_high"])
+        if metric == "nll" and metrics.get("ppl_ci_low") is not None:
+            return math.log(float(metrics["ppl_ci_low"])), math.log(float(metrics["ppl_ci_high"]))
+        se = metrics.get(f"{metric}_stderr")
+        if se is None or metrics.get(metric) is None:
+            return None
+        value, se = float(metrics[metric]), float(se)
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(value) and math.isfinite(se)):
+        return None
+    return value - Z95 * se, value + Z95 * se
