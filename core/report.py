@@ -39,17 +39,41 @@ def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
         row["params"] = dict(t.params)
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id", "")
         rows.append(row)
+    _mark_noise(rows, [m for m, _ in objectives], stores)
     return rows
+
+
+def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores) -> None:
+    """``row["noise"]``: frontier neighbours whose quality objective is within noise of this row's."""
+    from paretolab.noise import QUALITY, artifact_reader, mark_indistinguishable
+
+    quality = [m for m in objectives if m in QUALITY]
+    if not quality or len(rows) < 2:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    views = []
+    for row in rows:
+        try:  # the logged intervals, for trials without per-example scores
+            logged = dict(client.get_run(row["mlflow_run_id"]).data.metrics) if row["mlflow_run_id"] else {}
+        except Exception:
+            logged = {}
+        views.append({**logged, **{k: v for k, v in row.items() if k != "params"}, "run_id": row["mlflow_run_id"]})
+    mark_indistinguishable(views, quality, artifact_reader(stores.tracking_uri))
+    for row, view in zip(rows, views):
+        row["noise"] = view["noise"]
 
 
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         print(f"study {name!r} has no completed trials yet")
         return
-    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id")]
+    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise")]
     print(f"Pareto set of study {name!r} ({len(rows)} trial(s)):")
-    header = ["trial", *metrics, "params"]
-    lines = [[str(r["trial"]), *(_num(r[m]) for m in metrics), _params(r["params"])] for r in rows]
+    noise = ["within noise of"] if any(r.get("noise") for r in rows) else []
+    header = ["trial", *metrics, *noise, "params"]
+    lines = [[str(r["trial"]), *(_num(r[m]) for m in metrics), *([r.get("noise", "")] if noise else []), _params(r["params"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:

@@ -44,10 +44,34 @@ def _stored_study(tmp_path, trials):
         from paretolab.stats import mean_with_stderr
 
         metrics = {**mean_with_stderr("acc", hits), "n_examples": float(len(hits)), "size_bytes": size}
-        study.tell(trial, [metrics["acc"], size])
         result = TrialResult(metrics=metrics, artifacts={"per_example.json": per_example_json("example", {"acc": hits}).encode()})
-        tracker.log_trial(parent, trial.number, {"s0.method": method}, result, {})
+        trial.set_user_attr("mlflow_run_id", tracker.log_trial(parent, trial.number, {"s0.method": method}, result, {}))
+        study.tell(trial, [metrics["acc"], size])
     return stores, "q"
+
+
+def _hits(seed: int = 0) -> list[float]:
+    import numpy as np
+
+    return list((np.random.default_rng(seed).random(400) < 0.5).astype(float))
+
+
+def _fix(hits: list[float], k: int) -> list[float]:
+    """``hits`` with the first ``k`` misses turned into hits."""
+    out, misses = list(hits), [i for i, h in enumerate(hits) if h == 0]
+    for i in misses[:k]:
+        out[i] = 1.0
+    return out
+
+
+def test_frontier_marks_neighbours_within_noise(tmp_path, capsys):
+    base = _hits()
+    # trial 0: +16 examples, big; trial 1: +15, smaller (within noise of 0); trial 2: base, smallest (beyond noise of 1)
+    stores, name = _stored_study(tmp_path, [("none", _fix(base, 16), 100.0), ("rtn", _fix(base, 15), 50.0), ("wanda", base, 20.0)])
+    rows = report.frontier_rows(name, stores)
+    assert [(r["trial"], r["noise"]) for r in rows] == [(2, ""), (1, "acc ≈ trial 0"), (0, "acc ≈ trial 1")]
+    report.print_frontier(name, rows)
+    assert "within noise of" in capsys.readouterr().out
 
 
 def test_quality_differences_come_with_a_paired_interval_and_a_noise_verdict(tmp_path):
