@@ -126,18 +126,23 @@ Z95 = 1.959964
 
 
 def interval(metrics: dict[str, Any], metric: str) -> tuple[float, float] | None:
-    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, else value ± 1.96 stderr."""
-    try:
-        if metric == "ppl" and metrics.get("ppl_ci_low") is not None:
-            return float(metrics["ppl_ci_low"]), float(metrics["ppl_ci_high"])
-        if metric == "nll" and metrics.get("ppl_ci_low") is not None:
-            return math.log(float(metrics["ppl_ci_low"])), math.log(float(metrics["ppl_ci_high"]))
-        se = metrics.get(f"{metric}_stderr")
-        if se is None or metrics.get(metric) is None:
+    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, else value ± 1.96 stderr.
+
+    None when the numbers are missing or not finite (a NaN from a table of trials that lack them).
+    """
+    def number(key: str) -> float | None:
+        try:
+            value = float(metrics[key])
+        except (KeyError, TypeError, ValueError):
             return None
-        value, se = float(metrics[metric]), float(se)
-    except (TypeError, ValueError):
-        return None
-    if not (math.isfinite(value) and math.isfinite(se)):
+        return value if math.isfinite(value) else None
+
+    if metric in ("ppl", "nll"):
+        low, high = number("ppl_ci_low"), number("ppl_ci_high")
+        if low is None or high is None:
+            return None
+        return (low, high) if metric == "ppl" else (math.log(low), math.log(high))
+    value, se = number(metric), number(f"{metric}_stderr")
+    if value is None or se is None:
         return None
     return value - Z95 * se, value + Z95 * se
