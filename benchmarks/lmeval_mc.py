@@ -16,13 +16,14 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from paretolab.data import read_jsonl
 from paretolab.stats import stderr
 from paretolab.subject import Subject
-from paretolab.tasks import MultipleChoiceOptions, score_rows
+from paretolab.tasks import MultipleChoiceOptions, RowScore, score_rows
 
 # lm-eval's own prompts for these data sets (its arc_easy.yaml, piqa.yaml, boolq: "...\nAnswer:"),
 # written over our rows, whose query already holds "Question: ..."; the others' query as it is.
@@ -76,19 +77,19 @@ def lmeval_scores(subject: Subject, dataset: str, limit: int, batch_size: int = 
     return [{"loglikelihoods": [float(r[0][0]) for r in s["resps"]], "acc": float(s["acc"]), "acc_norm": float(s["acc_norm"])} for s in samples]
 
 
-def compare(subject: Subject, dataset: str, limit: int) -> dict[str, Any]:
+def summary(who: str, hits: list[float], hits_norm: list[float]) -> dict[str, float]:
+    return {f"{who}_acc": sum(hits) / len(hits), f"{who}_acc_stderr": stderr(hits),
+            f"{who}_acc_norm": sum(hits_norm) / len(hits_norm), f"{who}_acc_norm_stderr": stderr(hits_norm)}
+
+
+def compare(subject: Subject, dataset: str, limit: int, ours: list[RowScore] | None = None) -> dict[str, Any]:
     """Both harnesses on the same rows: acc, acc_norm, stderr, and rows whose log-likelihoods differ."""
-    ours = score_rows(subject, MultipleChoiceOptions(dataset=dataset, limit=limit))
+    ours = ours if ours is not None else score_rows(subject, MultipleChoiceOptions(dataset=dataset, limit=limit))
     theirs = lmeval_scores(subject, dataset, limit)
     differ = sum(any(abs(a - b) > 1e-3 for a, b in zip(o.loglikelihoods, t["loglikelihoods"])) for o, t in zip(ours, theirs))
-    row: dict[str, Any] = {"dataset": dataset, "n": len(ours), "loglik_rows_differ": differ}
-    for who, hits, hits_norm in (("ours", [o.hit for o in ours], [o.hit_norm for o in ours]),
-                                 ("lmeval", [t["acc"] for t in theirs], [t["acc_norm"] for t in theirs])):
-        row[f"{who}_acc"] = sum(hits) / len(hits)
-        row[f"{who}_acc_stderr"] = stderr(hits)
-        row[f"{who}_acc_norm"] = sum(hits_norm) / len(hits_norm)
-        row[f"{who}_acc_norm_stderr"] = stderr(hits_norm)
-    return row
+    return {"dataset": dataset, "n": len(ours), "loglik_rows_differ": differ,
+            **summary("ours", [o.hit for o in ours], [o.hit_norm for o in ours]),
+            **summary("lmeval", [t["acc"] for t in theirs], [t["acc_norm"] for t in theirs])}
 
 
 def main() -> None:
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--datasets", default="arc_easy,arc_challenge,piqa")
     parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--ours-only", action="store_true", help="skip lm-eval")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = parser.parse_args()
     import torch
@@ -105,8 +107,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     subject = load_subject(args.model)
-    for dataset in args.datasets.split(","):
-        print(json.dumps(compare(subject, dataset, args.limit)), flush=True)
+    ours = {}
+    for dataset in args.datasets.split(","):  # ours on every data set first, then lm-eval on the same rows
+        start = time.perf_counter()
+        ours[dataset] = score_rows(subject, MultipleChoiceOptions(dataset=dataset, limit=args.limit))
+        print(json.dumps({"dataset": dataset, "n": len(ours[dataset]), "seconds": round(time.perf_counter() - start, 1),
+                          **summary("ours", [o.hit for o in ours[dataset]], [o.hit_norm for o in ours[dataset]])}), flush=True)
+    if not args.ours_only:
+        for dataset, scored in ours.items():
+            print(json.dumps(compare(subject, dataset, args.limit, scored)), flush=True)
 
 
 if __name__ == "__main__":
