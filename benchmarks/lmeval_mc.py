@@ -8,6 +8,11 @@ our rows already hold ``Question: ...``) and the model handed over as a Hugging 
 (``HFLM(pretrained=model)``). Prints acc, acc_norm and their standard errors from both, and how
 many rows' per-choice log-likelihoods differ by more than 1e-3 nats. ``lmeval_scores`` is what
 the parity test in tests/core/test_lmeval_parity.py calls.
+
+Measured here (smollm2-135m, our Q4_1 GGUF dequantized to fp32, zero-shot, first 100 rows,
+lm-eval 0.4.13, one CPU thread): every row's per-choice log-likelihoods agree within 1e-3 nats;
+acc / acc_norm (± stderr) identical in both: ARC-E 0.46±0.050 / 0.40±0.049, ARC-C 0.23±0.042 /
+0.27±0.045, PIQA 0.66±0.048 / 0.69±0.046.
 """
 
 from __future__ import annotations
