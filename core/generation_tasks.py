@@ -2,7 +2,7 @@
 
 Every task builds one prompt per example, calls :func:`paretolab.generation.generate` (so a
 decoding method's generator is used), reads an answer out of each continuation and reports
-``acc`` plus the cost of generating: ``tokens_total`` and ``tokens_sequential`` (means per
+``acc`` (with ``acc_stderr`` over ``n_examples``, per-example hits kept as ``per_example.json``) plus the cost of generating: ``tokens_total`` and ``tokens_sequential`` (means per
 example), ``decode_tok_s`` and ``prefill_ms`` (of this generation), and the generator's own stats.
 
 Prompts (``prompt:``): ``chat`` puts ``shots`` worked examples as earlier user/assistant turns
@@ -38,6 +38,7 @@ from paretolab.errors import ConfigError
 from paretolab.generation import generate
 from paretolab.hookspec import hookimpl
 from paretolab.options import option
+from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.subject import Subject
 from paretolab.tasks import Task
 
@@ -155,7 +156,7 @@ class GenerationOptions:
 class GenerationTask(Task):
     """Prompt, generate through the subject's generator, extract answers, score exact match."""
 
-    metrics = ("acc", "tokens_total", "tokens_sequential", "decode_tok_s", "prefill_ms")
+    metrics = ("acc", "acc_stderr", "n_examples", "tokens_total", "tokens_sequential", "decode_tok_s", "prefill_ms")
     options: type = GenerationOptions
 
     def examples(self, options: Any) -> tuple[list[Example], list[Example]]:
@@ -180,10 +181,11 @@ class GenerationTask(Task):
         out = generate(subject, prompts, max_new_tokens=options.max_new_tokens, stop_ids=stop_ids(tok, style), ctx=ctx)
         parse = self.answer_parser(options)
         texts = [tok.decode(seq, skip_special_tokens=True) for seq in out.sequences]
-        correct = sum(parse(text) == parse_gold(parse, ex.answer) for text, ex in zip(texts, examples))
+        hits = [float(parse(text) == parse_gold(parse, ex.answer)) for text, ex in zip(texts, examples)]
         n = len(examples)
         metrics = {
-            "acc": correct / n,
+            **mean_with_stderr("acc", hits),
+            "n_examples": float(n),
             "tokens_total": out.tokens_total / n,
             "tokens_sequential": out.tokens_sequential / n,
             "decode_tok_s": out.tokens_total / out.decode_s if out.decode_s > 0 else 0.0,
@@ -191,6 +193,7 @@ class GenerationTask(Task):
         }
         metrics.update(out.stats)
         ctx.add_artifact(f"{self.name}_samples.txt", _samples(examples, texts, parse))
+        ctx.add_artifact(ARTIFACT, per_example_json("example", {"acc": hits}))
         return metrics
 
 

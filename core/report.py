@@ -41,6 +41,7 @@ def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
         row["params"] = dict(t.params)
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id", "")
         rows.append(row)
+    _mark_noise(rows, [m for m, _ in objectives], stores)
     return rows
 
 
@@ -51,14 +52,37 @@ def study_quality_note(name: str, stores: Stores) -> str:
     return quality_note(str(load_study(name, stores).user_attrs.get("model", "")))
 
 
+def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores) -> None:
+    """``row["noise"]``: frontier neighbours whose quality objective is within noise of this row's."""
+    from paretolab.noise import QUALITY, artifact_reader, mark_indistinguishable
+
+    quality = [m for m in objectives if m in QUALITY]
+    if not quality or len(rows) < 2:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    views = []
+    for row in rows:
+        try:  # the logged intervals, for trials without per-example scores
+            logged = dict(client.get_run(row["mlflow_run_id"]).data.metrics) if row["mlflow_run_id"] else {}
+        except Exception:
+            logged = {}
+        views.append({**logged, **{k: v for k, v in row.items() if k != "params"}, "run_id": row["mlflow_run_id"]})
+    mark_indistinguishable(views, quality, artifact_reader(stores.tracking_uri))
+    for row, view in zip(rows, views):
+        row["noise"] = view["noise"]
+
+
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         print(f"study {name!r} has no completed trials yet")
         return
-    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id")]
+    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise")]
     print(f"Pareto set of study {name!r} ({len(rows)} trial(s)):")
-    header = ["trial", *metrics, "params"]
-    lines = [[str(r["trial"]), *(_num(r[m]) for m in metrics), _params(r["params"])] for r in rows]
+    noise = ["within noise of"] if any(r.get("noise") for r in rows) else []
+    header = ["trial", *metrics, *noise, "params"]
+    lines = [[str(r["trial"]), *(_num(r[m]) for m in metrics), *([r.get("noise", "")] if noise else []), _params(r["params"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
@@ -130,7 +154,7 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
         run = runs.get(trial.number)
         metrics = dict(run.data.metrics) if run else {}
         metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
-        rows.append({"trial": trial.number, "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
+        rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
                      "run_params": dict(run.data.params) if run else {}, **metrics,
                      "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
     return objectives, rows
@@ -205,7 +229,8 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes]
+    columns, legend = _with_uncertainty(shown, rows, columns, stores)
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend]
     return "\n".join(lines)
 
 
@@ -278,6 +303,30 @@ def _float(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores) -> tuple[list[str], list[str]]:
+    """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
+    from paretolab.noise import QUALITY, artifact_reader, quality_cells
+
+    quality = [c for c in columns if c in QUALITY]
+    if not quality:
+        return columns, []
+    baseline = next((r for r in rows if r["method"] == "none"), None)
+    added = quality_cells(shown, baseline, quality, artifact_reader(stores.tracking_uri))
+    out = list(columns)
+    for column in added:  # each difference right after its metric
+        metric = column[1:].split(" ", 1)[0]
+        out.insert(out.index(metric) + 1, column)
+    if any(r.get("n") for r in shown):
+        out.append("n")
+    legend = [
+        "Quality: value ± 1 standard error (lm-eval's formula), or a 95 % bootstrap interval over the windows for ppl. "
+        "Δ … vs none: difference to the unmodified model with its 95 % interval, paired over the same examples or "
+        "windows; *within noise* when that interval contains 0. n: the examples or windows behind the quality numbers.",
+        "",
+    ]
+    return out, legend
 
 
 def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:

@@ -16,7 +16,8 @@ the example is correct when the normalised continuation starts with the normalis
 a model that writes ``"<value>"`` or opens a JSON object with the value is not penalised for the
 quotes, but every character of the value must be right.
 ``prefill_ms`` is the median prefill time per example (one prompt per generate call), the
-number a prefill method such as token sparse attention changes.
+number a prefill method such as token sparse attention changes. ``acc_stderr`` is the standard
+error over the ``n_examples`` rows; the per-example hits are kept as ``per_example.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from paretolab.errors import ConfigError
 from paretolab.generation import generate
 from paretolab.hookspec import hookimpl
 from paretolab.options import option
+from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.subject import Subject
 from paretolab.tasks import Task
 
@@ -73,7 +75,7 @@ class KVRetrieval(Task):
     """Accuracy of retrieving a value from ~2k tokens of key-value pairs, and prefill time."""
 
     name = "kv_retrieval"
-    metrics = ("acc", "prefill_ms")
+    metrics = ("acc", "acc_stderr", "n_examples", "prefill_ms")
     options = KVRetrievalOptions
 
     def evaluate(self, subject: Subject, options: KVRetrievalOptions, ctx: TrialContext) -> dict[str, float]:
@@ -84,7 +86,7 @@ class KVRetrieval(Task):
         rows = load_rows(options)
         tok = subject.tokenizer
         stop_ids = [i for i in (getattr(tok, "eos_token_id", None),) if i is not None]
-        correct = 0
+        hits: list[float] = []
         prefill_s: list[float] = []
         for row in rows:
             answer = str(row["answer"])
@@ -92,9 +94,11 @@ class KVRetrieval(Task):
             prompt = encode(tok, str(row["context"]).rstrip())
             out = generate(subject, [prompt], max_new_tokens=budget, stop_ids=stop_ids, ctx=ctx)
             text = tok.decode(out.sequences[0], skip_special_tokens=True)
-            correct += int(is_correct(text, answer))
+            hits.append(float(is_correct(text, answer)))
             prefill_s.append(out.prefill_s)
-        return {"acc": correct / len(rows), "prefill_ms": statistics.median(prefill_s) * 1000}
+        ctx.add_artifact(ARTIFACT, per_example_json("example", {"acc": hits}))
+        return {**mean_with_stderr("acc", hits), "n_examples": float(len(hits)),
+                "prefill_ms": statistics.median(prefill_s) * 1000}
 
 
 def positions_of(value: list[str] | str) -> list[str]:

@@ -1,12 +1,19 @@
-"""Quality tasks: perplexity on a corpus and multiple-choice log-likelihood accuracy."""
+"""Quality tasks: perplexity on a corpus and multiple-choice log-likelihood accuracy.
+
+Both report their uncertainty next to the number (see :mod:`paretolab.stats`) and keep their
+per-example (per-window) scores as the ``per_example.json`` artifact, so that two trials on the
+same examples can be compared paired by ``paretolab report``.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from paretolab.context import TrialContext
@@ -14,6 +21,7 @@ from paretolab.data import encode, load_corpus, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.hookspec import hookimpl
 from paretolab.options import option
+from paretolab.stats import ARTIFACT, Samples, bootstrap_interval, mean_with_stderr, per_example_json
 from paretolab.subject import Subject
 
 
@@ -38,30 +46,44 @@ class PerplexityOptions:
 
 
 class Perplexity(Task):
-    """exp(mean NLL) of the first ``max_tokens`` tokens, in windows of ``context`` moved by ``stride``."""
+    """exp(mean NLL) of the first ``max_tokens`` tokens, in windows of ``context`` moved by ``stride``.
+
+    ``ppl_ci_low``/``ppl_ci_high`` are a 95 % bootstrap interval over the ``n_windows`` windows
+    (each resampled window brings its tokens' NLL and count): it says how much the number would
+    move on another stretch of the same kind of text. A few windows give a rough interval.
+    """
 
     name = "perplexity"
-    metrics = ("ppl", "nll")
+    metrics = ("ppl", "nll", "ppl_ci_low", "ppl_ci_high", "n_windows")
     options = PerplexityOptions
 
     def evaluate(self, subject: Subject, options: PerplexityOptions, ctx: TrialContext) -> dict[str, float]:
         if options.stride < 1 or options.stride > options.context:
             raise ConfigError(f"task.stride must be between 1 and task.context ({options.context}), got {options.stride}")
         ids = corpus_ids(subject.tokenizer, options.corpus, options.max_tokens)
-        nll_sum, count = 0.0, 0
+        window_nll: list[float] = []  # summed NLL of each window's scored tokens
+        window_tokens: list[int] = []
         model = subject.model
         with torch.no_grad():
             for inputs, labels in _windows(ids, options):
                 logits = model(input_ids=inputs).logits[:, :-1].float()
                 target = labels[:, 1:]
                 loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum"
-                )
-                nll_sum += float(loss)
-                count += int((target != -100).sum())
-        nll = nll_sum / max(count, 1)
-        ppl = math.exp(nll) if nll < 700 or math.isnan(nll) else float("inf")
-        return {"ppl": ppl, "nll": nll}
+                    logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="none"
+                ).reshape(target.shape)
+                window_nll += [float(v) for v in loss.sum(dim=1)]
+                window_tokens += [int(v) for v in (target != -100).sum(dim=1)]
+        nll = sum(window_nll) / max(sum(window_tokens), 1)
+        ppl = _exp(nll)
+        kept = [(s, t) for s, t in zip(window_nll, window_tokens) if t > 0]
+        means, weights = [s / t for s, t in kept], [float(t) for _, t in kept]
+        low, high = bootstrap_interval(Samples(np.asarray(means), np.asarray(weights), False, "window")) if len(kept) > 1 else (nll, nll)
+        ctx.add_artifact(ARTIFACT, per_example_json("window", {"nll": means}, weights))
+        return {"ppl": ppl, "nll": nll, "ppl_ci_low": _exp(low), "ppl_ci_high": _exp(high), "n_windows": float(len(kept))}
+
+
+def _exp(nll: float) -> float:
+    return math.exp(nll) if nll < 700 or math.isnan(nll) else float("inf")
 
 
 def _windows(ids: torch.Tensor, opt: PerplexityOptions) -> Any:
@@ -110,52 +132,95 @@ def corpus_ids(tokenizer: Any, corpus: str, max_tokens: int) -> torch.Tensor:
     return _IDS_CACHE[key]
 
 
+# The continuation delimiter of each data set's own task definition (llm-foundry's
+# tasks_v0.3.yaml: "\nAnswer: " for these; the rest join query and choice with a space). The
+# trailing space belongs to the choice, as in lm-eval's `Question: ...\nAnswer:` + " " + choice.
+DELIMITERS: dict[str, str] = {"arc_easy": "\nAnswer:", "arc_challenge": "\nAnswer:", "piqa": "\nAnswer:", "boolq": "\nAnswer:"}
+
+
 @dataclass(frozen=True)
 class MultipleChoiceOptions:
     dataset: str = option("arc_easy", data="file")  # a name under <data dir>/mc/ (piqa, arc_easy, ...) or a jsonl path
     limit: int = option(200, low=0)  # the first `limit` examples (0 = all)
     batch_size: int = option(8, low=1)
+    delimiter: str = "auto"  # text between query and " " + choice; auto = the data set's own (DELIMITERS), else none
 
 
 class MultipleChoice(Task):
-    """Log-likelihood accuracy (raw and length-normalised) as in lm-evaluation-harness.
+    """Log-likelihood accuracy, raw and length-normalised, with lm-evaluation-harness's conventions.
 
-    Rows are ``{query, choices, gold}`` (each choice scored as the continuation " " + choice),
-    ``{context_options, continuation, gold}`` (WinoGrande: the continuation scored after each
-    context) or ``{context, continuation}`` (LAMBADA: correct when greedy decoding reproduces it).
+    Rows are ``{query, choices, gold}`` (the context is the query, trailing whitespace removed,
+    plus the data set's continuation delimiter, e.g. ``"Question: ...\nAnswer:"``; each choice
+    is scored as the continuation " " + choice), ``{context_options, continuation, gold}``
+    (WinoGrande: the continuation scored after each context) or ``{context, continuation}``
+    (LAMBADA: correct when greedy decoding reproduces it). ``acc`` takes the choice with the
+    highest summed log-likelihood; ``acc_norm`` divides it by the choice's length in characters
+    (lm-eval's acc_norm). ``acc_stderr``/``acc_norm_stderr`` are lm-eval's standard errors
+    (sample std / sqrt(n)) over the ``n_examples`` rows.
     """
 
     name = "multiple_choice"
-    metrics = ("acc", "acc_norm")
+    metrics = ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr", "n_examples")
     options = MultipleChoiceOptions
 
     def evaluate(self, subject: Subject, options: MultipleChoiceOptions, ctx: TrialContext) -> dict[str, float]:
-        rows = read_jsonl(options.dataset, folder="mc")
-        if options.limit:
-            rows = rows[: options.limit]
-        if not rows:
-            raise ConfigError(f"task.dataset {options.dataset!r} has no rows")
-        correct = correct_norm = 0
-        for row in rows:
-            pairs, gold = _choices(row, options.dataset)
-            scores = _loglikelihoods(subject, pairs, options.batch_size)
-            lengths = [max(len(cont.encode("utf-8")), 1) for _, cont, _ in pairs]
-            if gold is None:  # LAMBADA-style: correct iff the continuation is the greedy one
-                correct += int(pairs[0][2])
-                correct_norm += int(pairs[0][2])
-                continue
-            correct += int(max(range(len(scores)), key=lambda i: scores[i]) == gold)
-            correct_norm += int(max(range(len(scores)), key=lambda i: scores[i] / lengths[i]) == gold)
-        return {"acc": correct / len(rows), "acc_norm": correct_norm / len(rows)}
+        scored = score_rows(subject, options)
+        hits = [r.hit for r in scored]
+        hits_norm = [r.hit_norm for r in scored]
+        ctx.add_artifact(ARTIFACT, per_example_json("example", {"acc": hits, "acc_norm": hits_norm}))
+        return {**mean_with_stderr("acc", hits), **mean_with_stderr("acc_norm", hits_norm), "n_examples": float(len(scored))}
 
 
-def _choices(row: dict[str, Any], dataset: str) -> tuple[list[tuple[str, str, bool]], int | None]:
+@dataclass(frozen=True)
+class RowScore:
+    """One row's outcome: each choice's summed log-likelihood and whether acc and acc_norm got it right."""
+
+    loglikelihoods: list[float]
+    hit: float
+    hit_norm: float
+
+
+def score_rows(subject: Subject, options: MultipleChoiceOptions) -> list[RowScore]:
+    """Every evaluated row of ``options.dataset`` scored (the per-example data behind acc and acc_norm)."""
+    rows = read_jsonl(options.dataset, folder="mc")
+    if options.limit:
+        rows = rows[: options.limit]
+    if not rows:
+        raise ConfigError(f"task.dataset {options.dataset!r} has no rows")
+    delimiter = delimiter_of(options)
+    out = []
+    for row in rows:
+        pairs, gold, texts = _choices(row, options.dataset, delimiter)
+        scores = _loglikelihoods(subject, pairs, options.batch_size)
+        if gold is None:  # LAMBADA-style: correct iff the continuation is the greedy one
+            out.append(RowScore(scores, float(pairs[0][2]), float(pairs[0][2])))
+            continue
+        lengths = [max(len(text), 1) for text in texts]
+        norm = [s / n for s, n in zip(scores, lengths)]
+        out.append(RowScore(scores, float(_argmax(scores) == gold), float(_argmax(norm) == gold)))
+    return out
+
+
+def delimiter_of(options: MultipleChoiceOptions) -> str:
+    """The continuation delimiter: the option, or for ``auto`` the data set's own (by file stem)."""
+    if options.delimiter != "auto":
+        return options.delimiter
+    return DELIMITERS.get(Path(options.dataset).stem, "")
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def _choices(row: dict[str, Any], dataset: str, delimiter: str = "") -> tuple[list[tuple[str, str, bool]], int | None, list[str]]:
+    """(context, continuation, greedy flag) pairs, the gold index and each choice's text (for length normalisation)."""
     if "choices" in row and "query" in row:
-        return [(row["query"], " " + c, False) for c in row["choices"]], int(row["gold"])
+        context = row["query"].rstrip() + delimiter if delimiter else row["query"]
+        return [(context, " " + c, False) for c in row["choices"]], int(row["gold"]), list(row["choices"])
     if "context_options" in row:
-        return [(c, " " + row["continuation"], False) for c in row["context_options"]], int(row["gold"])
+        return [(c, " " + row["continuation"], False) for c in row["context_options"]], int(row["gold"]), [row["continuation"]] * len(row["context_options"])
     if "context" in row and "continuation" in row:
-        return [(row["context"], " " + row["continuation"].lstrip(), True)], None
+        return [(row["context"], " " + row["continuation"].lstrip(), True)], None, [row["continuation"]]
     raise ConfigError(
         f"task.dataset {dataset!r}: a row has keys {sorted(row)}; expected query/choices/gold, "
         "context_options/continuation/gold or context/continuation"

@@ -17,6 +17,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
+from paretolab.noise import QUALITY, mark_indistinguishable
+from paretolab.stats import interval
 
 WEBGL_ABOVE = 3000  # points; WebGL scatter beyond this, SVG below (WebGL needs a GPU or SwiftShader in the browser)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -62,9 +64,31 @@ def frontier_points(
         own = points[points["number"].isin(per_method)].sort_values([x, y])
         fronts = {str(label): group for label, group in own.groupby("methods", sort=True)}
     reference = points[points["methods"] == NONE_METHOD]
-    keep = ["number", *wanted, "methods", "simulated", *(param_columns or [])]
+    front = front.assign(noise=_within_noise(front, [x, y]))
+    keep = ["number", *wanted, "methods", "simulated", *(param_columns or []), "noise"]
     front_out = front[[c for c in keep if c in front.columns] + ["hover", "frontier"]].rename(columns=lambda c: c.removeprefix("param:"))
     return FrontierData(points, x, y, directions, z, front_out, fronts, reference)
+
+
+def _within_noise(front: pd.DataFrame, metrics: list[str]) -> list[str]:
+    """Per frontier point (sorted along the frontier): the neighbours within noise on a quality axis, from the logged intervals."""
+    quality = [m for m in metrics if m in QUALITY]
+    if not quality or front.empty:
+        return [""] * len(front)
+    rows = [{**rec, "trial": int(rec["number"])} for rec in front.to_dict("records")]
+    mark_indistinguishable(rows, quality, lambda run_id: None)  # the dashboard has the logged intervals, not the per-example scores
+    return [r["noise"] for r in rows]
+
+
+def error_bars(points: pd.DataFrame, metric: str) -> dict[str, Any] | None:
+    """A plotly error-bar spec from each point's logged 95 % interval of ``metric``; None when no point has one."""
+    spans = [interval(rec, metric) for rec in points.to_dict("records")]
+    if not any(spans):
+        return None
+    values = points[metric].to_numpy(dtype=float)
+    high = np.array([s[1] if s else v for s, v in zip(spans, values)]) - values
+    low = values - np.array([s[0] if s else v for s, v in zip(spans, values)])
+    return {"type": "data", "symmetric": False, "array": high, "arrayminus": low, "thickness": 1, "width": 3}
 
 
 def _hover(points: pd.DataFrame, metrics: list[str], params: list[str]) -> pd.Series:
@@ -107,6 +131,7 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
             fig.add_trace(scatter(
                 x=part[data.x].to_numpy(), y=part[data.y].to_numpy(), mode="markers", name=label, legendgroup=label, showlegend=legend,
                 marker=marker, customdata=part["number"].to_numpy(), hovertext=part["hover"].to_numpy(), hoverinfo="text",
+                error_x=error_bars(part, data.x), error_y=error_bars(part, data.y),
             ))
     line = {"shape": step_shape(data.directions[0])}
     if per_method:
@@ -119,6 +144,7 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
         marker={"size": 12, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
         customdata=front["number"], hovertext=front["hover"], hoverinfo="text",
     ))
+    _noise_trace(fig, data)
     if not data.reference.empty:
         ref = data.reference
         fig.add_trace(go.Scatter(x=ref[data.x], y=ref[data.y], mode="markers+text", name="unmodified model", text=["unmodified"] * len(ref),
@@ -131,6 +157,18 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
     if data.z and z_as != "size":
         fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": data.z}})
     return fig
+
+
+def _noise_trace(fig: go.Figure, data: FrontierData) -> None:
+    """Frontier points within noise of a neighbour, crossed: their order along the frontier is not established."""
+    tied = data.front[data.front["noise"] != ""] if "noise" in data.front else data.front.iloc[:0]
+    if tied.empty:
+        return
+    fig.add_trace(go.Scatter(
+        x=tied[data.x], y=tied[data.y], mode="markers", name="within noise of a neighbour",
+        marker={"symbol": "x-thin-open", "size": 14, "color": "crimson", "line": {"width": 2, "color": "crimson"}},
+        customdata=tied["number"], hovertext=tied["noise"], hoverinfo="text",
+    ))
 
 
 def _sizes(values: pd.Series, all_values: pd.Series | None) -> np.ndarray:
@@ -161,6 +199,10 @@ def frontier_image(data: FrontierData, fmt: str, *, log_x: bool = False, log_y: 
     where = "post" if data.directions[0] == "minimize" else "pre"
     ax.step(front[data.x], front[data.y], where=where, color="black", linewidth=1.5, label="Pareto frontier")
     ax.scatter(front[data.x], front[data.y], s=60, facecolors="none", edgecolors="black")
+    bars = {axis: error_bars(front, metric) for axis, metric in (("xerr", data.x), ("yerr", data.y))}
+    if any(bars.values()):
+        ax.errorbar(front[data.x], front[data.y], fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
+                    **{k: [b["arrayminus"], b["array"]] for k, b in bars.items() if b})
     if not data.reference.empty:
         ax.scatter(data.reference[data.x], data.reference[data.y], marker="*", s=200, color="gold", edgecolors="black", label="unmodified model", zorder=5)
     ax.set_xlabel(data.x)

@@ -91,6 +91,7 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None
     simulated = sorted({m for s in data.points["simulated"].fillna("") for m in s.split(",") if m})
     if simulated:
         parts.append(f"hollow markers: cost saving simulated by {', '.join(simulated)} (not a deployable format)")
+    parts += _uncertainty_notes(data)
     if data.reference.empty:
         parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
     st.caption(" · ".join(parts))
@@ -108,6 +109,17 @@ def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:
                      f"{int((sources == 'estimate').sum())} trial(s)")
     if parts:
         st.caption(" · ".join(parts))
+
+
+def _uncertainty_notes(data: FrontierData) -> list[str]:
+    notes = []
+    if any(c in data.points for c in ("ppl_ci_low", "acc_stderr", "acc_norm_stderr")):
+        notes.append("error bars: 95 % interval of each quality number (ppl: bootstrap over windows; acc: ±1.96 standard errors)")
+    tied = int((data.front["noise"] != "").sum()) if "noise" in data.front else 0
+    if tied:
+        notes.append(f"crossed: {tied} frontier point(s) within noise of a neighbour (unpaired, from the logged intervals; "
+                     "`paretolab frontier` compares them paired)")
+    return notes
 
 
 def _selected(event: object) -> None:

@@ -50,3 +50,75 @@ def test_report_gives_provenance_size_against_stored_and_fp16_and_marks_noise_an
     none = next(line for line in lines if line.startswith("| none"))
     assert "†" not in none
     assert "† spread too large to rank" in text and "≈ energy estimated" in text
+
+
+def _stored_study(tmp_path, trials):
+    """A study with real Optuna trials and MLflow runs carrying per-example artifacts: (stores, name)."""
+    from paretolab.stats import per_example_json
+    from paretolab.tracking import Tracker
+    from paretolab.trial import TrialResult
+
+    stores = Stores(f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts"))
+    study = optuna.create_study(study_name="q", storage=stores.optuna_url, directions=["maximize", "minimize"])
+    study.set_user_attr("objectives", [["acc", "maximize"], ["size_bytes", "minimize"]])
+    tracker = Tracker(stores, "q")
+    parent = tracker.study_run({}, {})
+    for method, hits, size in trials:
+        trial = study.ask()
+        from paretolab.stats import mean_with_stderr
+
+        metrics = {**mean_with_stderr("acc", hits), "n_examples": float(len(hits)), "size_bytes": size}
+        result = TrialResult(metrics=metrics, artifacts={"per_example.json": per_example_json("example", {"acc": hits}).encode()})
+        trial.set_user_attr("mlflow_run_id", tracker.log_trial(parent, trial.number, {"s0.method": method}, result, {}))
+        study.tell(trial, [metrics["acc"], size])
+    return stores, "q"
+
+
+def _hits(seed: int = 0) -> list[float]:
+    import numpy as np
+
+    return list((np.random.default_rng(seed).random(400) < 0.5).astype(float))
+
+
+def _fix(hits: list[float], k: int) -> list[float]:
+    """``hits`` with the first ``k`` misses turned into hits."""
+    out, misses = list(hits), [i for i, h in enumerate(hits) if h == 0]
+    for i in misses[:k]:
+        out[i] = 1.0
+    return out
+
+
+def test_frontier_marks_neighbours_within_noise(tmp_path, capsys):
+    base = _hits()
+    # trial 0: +16 examples, big; trial 1: +15, smaller (within noise of 0); trial 2: base, smallest (beyond noise of 1)
+    stores, name = _stored_study(tmp_path, [("none", _fix(base, 16), 100.0), ("rtn", _fix(base, 15), 50.0), ("wanda", base, 20.0)])
+    rows = report.frontier_rows(name, stores)
+    assert [(r["trial"], r["noise"]) for r in rows] == [(2, ""), (1, "acc ≈ trial 0"), (0, "acc ≈ trial 1")]
+    report.print_frontier(name, rows)
+    assert "within noise of" in capsys.readouterr().out
+
+
+def test_quality_differences_come_with_a_paired_interval_and_a_noise_verdict(tmp_path):
+    import numpy as np
+
+    base = list((np.random.default_rng(0).random(400) < 0.5).astype(float))
+    fixed = list(base)
+    for i in [i for i, h in enumerate(base) if h == 0][:16]:  # 16 of 400 examples fixed, none broken: +4 points
+        fixed[i] = 1.0
+    swapped = list(base)  # 2 fixed, 2 broken: the same accuracy, a different set of right answers
+    ones, zeros = [i for i, h in enumerate(base) if h], [i for i, h in enumerate(base) if not h]
+    for i in ones[:2]:
+        swapped[i] = 0.0
+    for i in zeros[:2]:
+        swapped[i] = 1.0
+    stores, name = _stored_study(tmp_path, [("none", base, 100.0), ("rtn", fixed, 50.0), ("wanda", swapped, 60.0)])
+    text = report.study_section(name, stores, ["acc"], frontier=False)
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header[header.index("acc") + 1] == "Δacc vs none" and "n" in header
+    cells = {row.split("|")[1].strip(): dict(zip(header, (c.strip() for c in row.strip("|").split("|")))) for row in table[1:]}
+    assert cells["rtn"]["Δacc vs none"].startswith("+0.04 [") and "beyond noise (paired, 400 examples)" in cells["rtn"]["Δacc vs none"]
+    assert cells["wanda"]["Δacc vs none"].startswith("+0 [") and "within noise (paired, 400 examples)" in cells["wanda"]["Δacc vs none"]
+    assert cells["none"]["acc"] == f"{np.mean(base):.4g} ± {np.std(base, ddof=1) / 20:.2g}"
+    assert cells["none"]["n"] == "400 examples"
+    assert "*within noise* when that interval contains 0" in text  # the legend says what the verdict means

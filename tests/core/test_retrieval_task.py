@@ -51,7 +51,9 @@ def test_scores_exact_matches_after_normalisation(tiny: Subject, ctx: TrialConte
     path = write_rows(tmp_path / "kv.jsonl", rows)
     tiny.generator = Oracle(tiny, {'Key: "k1"': ' "ab12-cd34", "next', 'Key: "k2"': '\n{\n  "EF56-0789": "x"', 'Key: "k3"': " aaaa-bbbc"})
     metrics = KVRetrieval().evaluate(tiny, KVRetrievalOptions(path=str(path)), ctx)
-    assert metrics == {"acc": pytest.approx(2 / 3), "prefill_ms": pytest.approx(5.0)}
+    # hits 1, 1, 0: sample std sqrt(1/3), over sqrt(3) rows = 1/3
+    assert metrics == {"acc": pytest.approx(2 / 3), "acc_stderr": pytest.approx(1 / 3), "n_examples": 3, "prefill_ms": pytest.approx(5.0)}
+    assert json.loads((ctx.workdir / "per_example.json").read_text())["scores"] == {"acc": [1.0, 1.0, 0.0]}
     assert tiny.generator.budgets == [len(tiny.tokenizer.encode(" ab12-cd34", add_special_tokens=False)) + 8] * 3
 
 
@@ -102,4 +104,4 @@ def test_is_registered() -> None:
     from paretolab.plugin_manager import registries
 
     task = registries().tasks.get("kv_retrieval")
-    assert set(task.metrics) == {"acc", "prefill_ms"}
+    assert set(task.metrics) == {"acc", "acc_stderr", "n_examples", "prefill_ms"}

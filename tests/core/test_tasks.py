@@ -78,6 +78,64 @@ def test_multiple_choice_formats_and_errors(tiny, ctx, tmp_path):
         MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
 
 
+def fake_scores(monkeypatch, scores: dict[str, float]) -> list[str]:
+    """Score each continuation from ``scores`` (by its text) and record the contexts the task built."""
+    import paretolab.tasks as tasks
+
+    contexts: list[str] = []
+
+    def loglikelihoods(subject, pairs, batch_size):
+        contexts.extend(c for c, _, _ in pairs)
+        return [scores[cont] for _, cont, _ in pairs]
+
+    monkeypatch.setattr(tasks, "_loglikelihoods", loglikelihoods)
+    return contexts
+
+
+def test_multiple_choice_uses_the_data_sets_continuation_delimiter(tiny, ctx, tmp_path, monkeypatch):
+    contexts = fake_scores(monkeypatch, {" yes": -1.0, " no": -2.0})
+    row = {"query": "Question: is it?\n", "choices": ["no", "yes"], "gold": 1}
+    for name in ("arc_easy", "piqa", "copa"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+        MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(tmp_path / f"{name}.jsonl")), ctx)
+    # llm-foundry's task config gives ARC and PIQA "\nAnswer: "; COPA joins query and choice with a space
+    assert contexts == ["Question: is it?\nAnswer:"] * 4 + ["Question: is it?\n"] * 2
+    contexts.clear()
+    MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(tmp_path / "copa.jsonl"), delimiter="\nA:"), ctx)
+    assert contexts == ["Question: is it?\nA:"] * 2
+
+
+def test_acc_norm_divides_by_the_choices_character_length(tiny, ctx, tmp_path, monkeypatch):
+    # "é" is 1 character but 2 bytes: by characters "ab" wins (-1.25 > -1.5), by bytes of " "+choice "é" would
+    fake_scores(monkeypatch, {" é": -1.5, " ab": -2.5})
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps({"query": "Q", "choices": ["é", "ab"], "gold": 1}) + "\n")
+    result = MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
+    assert result["acc"] == 0.0 and result["acc_norm"] == 1.0
+
+
+def test_multiple_choice_reports_stderr_and_keeps_per_example_scores(tiny, ctx, tmp_path, monkeypatch):
+    fake_scores(monkeypatch, {" a": -1.0, " b": -2.0})
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps({"query": "Q", "choices": ["a", "b"], "gold": g}) + "\n" for g in (0, 0, 0, 1)))
+    result = MultipleChoice().evaluate(tiny, MultipleChoiceOptions(dataset=str(path)), ctx)
+    # hits 1, 1, 1, 0: sample std 0.5, over sqrt(4) = 0.25
+    assert result["acc"] == 0.75 and result["acc_stderr"] == pytest.approx(0.25) and result["n_examples"] == 4
+    stored = json.loads((ctx.workdir / "per_example.json").read_text())
+    assert stored["n"] == 4 and stored["scores"]["acc"] == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_perplexity_gives_a_bootstrap_interval_over_its_windows(tiny, ctx):
+    result = Perplexity().evaluate(tiny, PerplexityOptions(max_tokens=512, context=64, stride=64), ctx)
+    assert result["n_windows"] == 8
+    assert result["ppl_ci_low"] < result["ppl"] < result["ppl_ci_high"]
+    stored = json.loads((ctx.workdir / "per_example.json").read_text())
+    assert stored["unit"] == "window" and len(stored["scores"]["nll"]) == 8 and sum(stored["weights"]) == 8 * 63
+    # the stored windows give back the task's own number
+    nll = sum(v * w for v, w in zip(stored["scores"]["nll"], stored["weights"])) / sum(stored["weights"])
+    assert math.exp(nll) == pytest.approx(result["ppl"], rel=1e-6)
+
+
 @pytest.mark.slow
 def test_smollm2_quality_on_the_builtin_corpus(ctx):
     """The real model, on the corpus that needs no files: a low perplexity."""

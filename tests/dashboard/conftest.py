@@ -92,7 +92,8 @@ def build_stores(home: Path) -> Stores:
         number = 0
         for stage0, sparsity, stage1, bits, ppl, size in rows:
             params, dists = _params(stage0, sparsity, stage1, bits)
-            metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5}
+            metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5,
+                       "ppl_ci_low": 0.95 * ppl, "ppl_ci_high": 1.05 * ppl, "n_windows": 8.0}  # a ±5 % interval
             simulated = [m for m in (stage0, stage1) if m != "none"]
             metrics.update({"energy_j": 3.5, "prefill_speedup": 1.0 + number / 10})
             result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated,

@@ -80,6 +80,22 @@ def test_frontier_shows_trials_frontier_reference_and_simulated_marks(store_env)
     assert csv is not None
 
 
+def test_frontier_draws_error_bars_and_crosses_points_within_noise(store_env):
+    at = open_app("Frontier", "demo")
+    fig = figure(at)
+    rtn = next(t for t in fig["data"] if t.get("name") == "rtn")
+    # each point's ppl interval (±5 % in the fixture) as asymmetric error bars on the ppl axis (y here: x is size_bytes)
+    axis = "error_x" if fig["layout"]["xaxis"]["title"]["text"] == "ppl" else "error_y"
+    ppl = rtn["x"] if axis == "error_x" else rtn["y"]
+    assert rtn[axis]["array"] == pytest.approx([0.05 * v for v in ppl]) and rtn[axis]["arrayminus"] == pytest.approx([0.05 * v for v in ppl])
+    # trials 0 (ppl 20.0 [19, 21]) and 3 (20.2 [19.19, 21.21]) are neighbours on the frontier and within noise
+    tied = next(t for t in fig["data"] if t.get("name") == "within noise of a neighbour")
+    assert sorted(tied["customdata"]) == [0, 3]
+    table = frame_of(at).set_index("number")
+    assert table.loc[0, "noise"] == "ppl ≈ trial 3" and table.loc[4, "noise"] == ""
+    assert "error bars" in texts(at)
+
+
 def test_frontier_options_log_axes_third_metric_and_per_method(store_env):
     at = open_app("Frontier", "demo")
     at.selectbox(key="fx").set_value("prefill_ms").run()

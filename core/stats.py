@@ -1,0 +1,148 @@
+"""Uncertainty of quality numbers: standard errors, bootstrap intervals, paired differences.
+
+Per-example scores travel as a trial's ``per_example.json`` artifact (:func:`per_example_json`):
+``{"unit": "example" | "window", "n": N, "scores": {metric: [...]}, "weights": [...]?}``. A metric
+is the (weighted) mean of its scores, except ``ppl``, which is ``exp`` of the token-weighted mean
+of the per-window ``nll`` (each window's score is its mean NLL, its weight its token count).
+Intervals are 95 % percentile bootstraps with a fixed seed, so a report is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+ARTIFACT = "per_example.json"
+LEVEL = 0.95
+RESAMPLES = 2000
+SEED = 0
+
+
+def stderr(values: Sequence[float]) -> float:
+    """Standard error of the mean as lm-eval computes it: sample std (n - 1) / sqrt(n)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    return float(np.std(np.asarray(values, dtype=float), ddof=1) / math.sqrt(n))
+
+
+def mean_with_stderr(name: str, values: Sequence[float]) -> dict[str, float]:
+    """``{name: mean, name_stderr: stderr}``; the stderr is left out below two values (it is undefined)."""
+    out = {name: float(np.mean(values))} if len(values) else {}
+    if len(values) >= 2:
+        out[f"{name}_stderr"] = stderr(values)
+    return out
+
+
+def per_example_json(unit: str, scores: dict[str, Sequence[float]], weights: Sequence[float] | None = None) -> str:
+    """The ``per_example.json`` artifact text for a task's per-example (or per-window) scores."""
+    n = len(next(iter(scores.values()))) if scores else 0
+    payload: dict[str, Any] = {"unit": unit, "n": n, "scores": {k: [float(v) for v in vs] for k, vs in scores.items()}}
+    if weights is not None:
+        payload["weights"] = [float(w) for w in weights]
+    return json.dumps(payload)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One metric's per-unit scores, ready to resample."""
+
+    values: np.ndarray
+    weights: np.ndarray
+    exp: bool  # the metric is exp(weighted mean), e.g. perplexity from per-window NLL
+    unit: str
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    def value(self, idx: np.ndarray | None = None) -> np.ndarray | float:
+        """The metric on all units, or on each row of resampled unit indices ``idx`` (B, n)."""
+        if idx is None:
+            mean = float(np.sum(self.values * self.weights) / np.sum(self.weights))
+            return math.exp(mean) if self.exp else mean
+        mean = np.sum(self.values[idx] * self.weights[idx], axis=1) / np.sum(self.weights[idx], axis=1)
+        return np.exp(mean) if self.exp else mean
+
+
+def samples(payload: dict[str, Any], metric: str) -> Samples | None:
+    """``metric``'s per-unit scores from a ``per_example.json`` payload; None when it has none."""
+    scores = payload.get("scores", {})
+    key, exp = ("nll", True) if metric == "ppl" else (metric, False)
+    if key not in scores or not scores[key]:
+        return None
+    values = np.asarray(scores[key], dtype=float)
+    weights = np.asarray(payload.get("weights") or [1.0] * len(values), dtype=float)
+    return Samples(values, weights, exp, str(payload.get("unit", "example")))
+
+
+def bootstrap_interval(s: Samples, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of the metric over its units."""
+    idx = np.random.default_rng(seed).integers(0, s.n, size=(resamples, s.n))
+    stats = s.value(idx)
+    tail = (1 - level) / 2
+    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``a - b`` on the same units with its paired-bootstrap interval."""
+
+    diff: float
+    low: float
+    high: float
+    n: int
+    unit: str
+
+    @property
+    def within_noise(self) -> bool:
+        """True when the interval contains zero: the two numbers are not distinguishable."""
+        return self.low <= 0.0 <= self.high
+
+
+def paired_difference(a: Samples, b: Samples, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> PairedDifference | None:
+    """Paired bootstrap of ``metric(a) - metric(b)``: the same resampled units for both; None if the units differ."""
+    if a.n != b.n or a.n == 0 or a.unit != b.unit or not np.allclose(a.weights, b.weights):
+        return None
+    idx = np.random.default_rng(seed).integers(0, a.n, size=(resamples, a.n))
+    diffs = a.value(idx) - b.value(idx)
+    tail = (1 - level) / 2
+    return PairedDifference(float(a.value()) - float(b.value()), float(np.quantile(diffs, tail)), float(np.quantile(diffs, 1 - tail)), a.n, a.unit)
+
+
+def unpaired_within_noise(a: float, sa: float, b: float, sb: float, z: float = 1.959964) -> bool:
+    """True when |a - b| is under z combined standard errors (used where per-example scores are not at hand)."""
+    if any(not math.isfinite(v) for v in (a, sa, b, sb)):
+        return False
+    return abs(a - b) <= z * math.hypot(sa, sb)
+
+
+Z95 = 1.959964
+
+
+def interval(metrics: dict[str, Any], metric: str) -> tuple[float, float] | None:
+    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, else value ± 1.96 stderr.
+
+    None when the numbers are missing or not finite (a NaN from a table of trials that lack them).
+    """
+    def number(key: str) -> float | None:
+        try:
+            value = float(metrics[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return value if math.isfinite(value) else None
+
+    if metric in ("ppl", "nll"):
+        low, high = number("ppl_ci_low"), number("ppl_ci_high")
+        if low is None or high is None:
+            return None
+        return (low, high) if metric == "ppl" else (math.log(low), math.log(high))
+    value, se = number(metric), number(f"{metric}_stderr")
+    if value is None or se is None:
+        return None
+    return value - Z95 * se, value + Z95 * se

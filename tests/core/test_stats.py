@@ -1,0 +1,73 @@
+"""Known-answer tests of the uncertainty statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from paretolab.stats import (
+    Samples,
+    bootstrap_interval,
+    mean_with_stderr,
+    paired_difference,
+    per_example_json,
+    samples,
+    stderr,
+    unpaired_within_noise,
+)
+
+
+def bernoulli(values: list[float]) -> Samples:
+    return Samples(np.asarray(values, dtype=float), np.ones(len(values)), False, "example")
+
+
+def test_stderr_of_a_bernoulli_sample_is_lm_evals():
+    # 30 hits in 100: sample variance p(1-p) n/(n-1), so stderr = sqrt(0.21/99)
+    hits = [1.0] * 30 + [0.0] * 70
+    assert stderr(hits) == pytest.approx(math.sqrt(0.3 * 0.7 / 99))
+    assert mean_with_stderr("acc", hits) == {"acc": pytest.approx(0.3), "acc_stderr": pytest.approx(math.sqrt(0.21 / 99))}
+    assert mean_with_stderr("acc", [1.0]) == {"acc": 1.0}  # one example: no stderr rather than NaN
+
+
+def test_bootstrap_interval_covers_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    covered = 0
+    trials = 200
+    for i in range(trials):
+        draw = (rng.random(200) < 0.6).astype(float)
+        low, high = bootstrap_interval(bernoulli(list(draw)), resamples=400, seed=i)
+        covered += low <= 0.6 <= high
+    assert 0.88 <= covered / trials <= 0.99
+
+
+def test_perplexity_is_resampled_by_window_and_token_weighted():
+    payload = json.loads(per_example_json("window", {"nll": [1.0, 3.0]}, [3, 1]))
+    s = samples(payload, "ppl")
+    assert s is not None and s.unit == "window"
+    assert s.value() == pytest.approx(math.exp((3 * 1.0 + 1 * 3.0) / 4))
+    low, high = bootstrap_interval(s)
+    assert math.exp(1.0) - 1e-9 <= low <= s.value() <= high <= math.exp(3.0) + 1e-9
+    assert samples(payload, "acc") is None
+
+
+def test_paired_difference_sees_a_consistent_small_gain_that_unpaired_misses():
+    rng = np.random.default_rng(0)
+    base = (rng.random(400) < 0.5).astype(float)
+    better = base.copy()
+    flip = np.flatnonzero(base == 0)[:12]  # 12 of 400 examples fixed, none broken: +3 points
+    better[flip] = 1.0
+    d = paired_difference(bernoulli(list(better)), bernoulli(list(base)))
+    assert d is not None and d.diff == pytest.approx(0.03) and d.n == 400
+    assert d.low > 0 and not d.within_noise
+    # the same two numbers compared as if independent are within noise
+    assert unpaired_within_noise(better.mean(), stderr(better), base.mean(), stderr(base))
+
+
+def test_paired_difference_of_identical_scores_is_within_noise_and_needs_the_same_units():
+    a = bernoulli([1.0, 0.0, 1.0, 1.0])
+    d = paired_difference(a, a)
+    assert d is not None and d.diff == 0 and d.within_noise
+    assert paired_difference(a, bernoulli([1.0, 0.0])) is None
