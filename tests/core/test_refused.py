@@ -82,7 +82,7 @@ BAD = [
     ("task.corpus", "/no/such/corpus.txt", "task.corpus: '/no/such/corpus.txt' is neither a built-in corpus"),
     ("task", {"name": "multiple_choice", "dataset": "/no/such/file.jsonl"}, "task.dataset: '/no/such/file.jsonl' is not an existing file"),
     # an objective the pipeline does not produce
-    ("objectives.0.metric", "acc", "objectives[0].metric: 'acc' would be missing from trials: neither task 'perplexity' (ppl, nll)"),
+    ("objectives.0.metric", "acc", "objectives[0].metric: 'acc' would be missing from trials: neither task 'perplexity' (ppl, nll, "),
     ("objectives.0.metric", "peak_gpu_mb", "objectives[0].metric: 'peak_gpu_mb' would be missing from trials"),
     # a model that does not resolve
     ("model", "smollm3", "model: unknown model 'smollm3'; did you mean 'smollm2-135m'"),
