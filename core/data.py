@@ -165,11 +165,11 @@ def calibration_ids(tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 1
     import torch
 
     text, _ = load_corpus(corpus)
-    ids = torch.tensor(encode(tokenizer, text), dtype=torch.long)
+    ids = torch.tensor(encode(tokenizer, text), dtype=torch.long, device="cpu")  # callers move the batch to the model
     if ids.numel() <= seq_len:
         raise ConfigError(f"corpus {corpus!r} has {ids.numel()} tokens, fewer than seq_len={seq_len}")
     gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, ids.numel() - seq_len, (n_samples,), generator=gen)
+    starts = torch.randint(0, ids.numel() - seq_len, (n_samples,), generator=gen, device="cpu")
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 

@@ -97,7 +97,7 @@ class Latency(Measure):
         model = subject.model
         vocab = int(getattr(model.config, "vocab_size", 256))
         gen = torch.Generator().manual_seed(1234)  # the same prompt for every trial
-        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen).to(subject.device)
+        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen, device="cpu").to(subject.device)
         sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
         with torch.no_grad():
             for _ in range(options.warmup):

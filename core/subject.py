@@ -11,6 +11,12 @@ import torch
 from paretolab.storage import DENSE, TensorStorage
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on a CUDA ``device`` (a no-op elsewhere), so a timer read after it holds that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @dataclass
 class Subject:
     """What methods transform and tasks evaluate.
@@ -51,6 +57,13 @@ class Subject:
             info=copy.deepcopy(self.info),
             simulated_by=list(self.simulated_by),
         )
+
+    def to(self, device: torch.device | str) -> Subject:
+        """Move the model (and a generator's own modules, e.g. a draft) to ``device``; returns self."""
+        self.model.to(device)
+        if hasattr(self.generator, "to"):
+            self.generator.to(device)
+        return self
 
     @property
     def device(self) -> torch.device:

@@ -16,7 +16,7 @@ import torch
 from paretolab.context import TrialContext
 from paretolab.options import parse_options
 from paretolab.search import StagePlan
-from paretolab.subject import Subject
+from paretolab.subject import Subject, synchronize
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
@@ -75,6 +75,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             study=settings.study,
             trial_number=number,
             task={"name": settings.task, **settings.task_options},
+            device=base.device,
         )
         try:
             with sampler, torch.random.fork_rng(devices=[]):
@@ -101,6 +102,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
                 for method in methods:
                     metrics.update(method.evaluate(subject, ctx))
+                synchronize(subject.device)  # queued GPU work belongs to this stage
                 result.stage_s["evaluate"] = time.perf_counter() - t0
 
                 t0 = time.perf_counter()
@@ -112,6 +114,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                     metrics.update({k: v for k, v in measured.items() if k not in task_metrics})
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
+                synchronize(subject.device)
                 result.stage_s["measure"] = time.perf_counter() - t0
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}

@@ -60,11 +60,11 @@ PAPER = Paper("Dissecting Quantization Error: A Concentration-Alignment Perspect
 # --- building blocks ---------------------------------------------------------------------------
 
 
-def hadamard(n: int) -> torch.Tensor:
-    """The orthonormal Sylvester Hadamard matrix of order ``n`` (a power of two)."""
+def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The orthonormal Sylvester Hadamard matrix of order ``n`` (a power of two), on ``device``."""
     if n < 1 or n & (n - 1):
         raise ConfigError(f"a Hadamard block needs a power-of-two size, got {n}")
-    h = torch.ones(1, 1, dtype=torch.float64)
+    h = torch.ones(1, 1, dtype=torch.float64, device=device)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return h / math.sqrt(n)
@@ -117,12 +117,12 @@ def cat_blocks(sigma_x: torch.Tensor, sigma_w: torch.Tensor, *, strength: float 
     p = sx_ihalf @ sym_power((inner + inner.transpose(-1, -2)) / 2, 0.5) @ sx_ihalf
     p = (p + p.transpose(-1, -2)) / 2
     p = p / torch.linalg.det(p).abs().pow(1.0 / p.shape[-1]).reshape(-1, 1, 1)  # unit determinant: scale is free
-    return sym_power(p, strength / 2) @ hadamard(p.shape[-1])
+    return sym_power(p, strength / 2) @ hadamard(p.shape[-1], p.device)
 
 
 def _damped(s: torch.Tensor, damp: float) -> torch.Tensor:
     mean_diag = torch.diagonal(s, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-12)
-    return s + damp * mean_diag.reshape(-1, 1, 1) * torch.eye(s.shape[-1], dtype=s.dtype)
+    return s + damp * mean_diag.reshape(-1, 1, 1) * torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
 
 
 def block_gram(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -257,7 +257,7 @@ def _calibrate(subject: Subject, ctx: TrialContext, p: dict[str, Any], layers: d
     def on_input(name: str, x: torch.Tensor) -> None:
         if name not in group_of:  # Linears of one parent reading the very same tensor share a T
             group_of[name] = (name.rsplit(".", 1)[0], x.data_ptr())
-        rows = torch.randperm(x.shape[0], generator=gen)[:per_batch]
+        rows = torch.randperm(x.shape[0], generator=gen, device="cpu")[:per_batch].to(x.device)  # CPU stream: same rows on any device
         samples[name].append(x[rows].clone())
         if need_cov:
             b = block_size_for(x.shape[1], block)
@@ -279,7 +279,7 @@ def _transforms(kind: str, layers: dict[str, torch.nn.Linear], stats: dict[str, 
         for name, linear in layers.items():
             b = block_size_for(linear.in_features, block)
             if linear.in_features not in cache:
-                cache[linear.in_features] = hadamard(b).unsqueeze(0).repeat(linear.in_features // b, 1, 1)
+                cache[linear.in_features] = hadamard(b, linear.weight.device).unsqueeze(0).repeat(linear.in_features // b, 1, 1)
             out[name] = cache[linear.in_features]
         return out
     members: dict[tuple[str, int], list[str]] = {}

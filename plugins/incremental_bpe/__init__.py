@@ -64,7 +64,7 @@ class IncrementalBPETokenizer:
         if return_tensors == "pt":
             import torch
 
-            batch = {k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()}
+            batch = {k: torch.tensor(v, dtype=torch.long, device="cpu") for k, v in batch.items()}  # as HF tokenizers return
         elif isinstance(text, str):
             batch = {k: v[0] for k, v in batch.items()}
         return batch

@@ -120,9 +120,12 @@ def trace_path(key: str) -> Path:
 
 
 def load_or_record(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, key: str, **kwargs: Any) -> tuple[Recording, bool]:
-    """The recording under ``key`` from the cache, else recorded now and stored; (recording, was_cached)."""
+    """The recording under ``key`` from the cache, else recorded now and stored; (recording, was_cached).
+
+    ``PARETOLAB_RECORD_ANEW=1`` ignores cached recordings (the contract's device check must decode).
+    """
     path = trace_path(key)
-    if path.is_file():
+    if path.is_file() and not os.environ.get("PARETOLAB_RECORD_ANEW"):
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             return Recording.from_json(json.load(handle)), True
     recording = record(model, prompts, **kwargs)
