@@ -29,6 +29,9 @@ test: $(STAMP)  ## the whole test suite (slow tests included)
 test-fast: $(STAMP)  ## the suite without slow tests
 	$(BIN)/python -m pytest -m "not slow"
 
+gpu-check: $(STAMP)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the GPU timings, into gpu_check.json
+	PYTHON=$(BIN)/python benchmarks/gpu_check.sh --out gpu_check.json
+
 # The compression claim checks (issue 4): each pipeline runs as a study (resumable), then the
 # results table pipelines/README.md is regenerated from the stored studies.
 CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize
