@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast results results-decoding clean
+.PHONY: install demo test test-fast gpu-check results results-decoding clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
