@@ -44,7 +44,7 @@ results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 
 # then Parallel-Probe, speculative decoding and token sparse attention run as studies, and
 # pipelines/DECODING.md is regenerated from them.
 DECODING := parallel_probe speculative token_sparse_attention
-DECODING_METRICS := acc,tokens_total,tokens_sequential,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
+DECODING_METRICS := acc,tokens_total,tokens_sequential,tokens_total_no_probe,tokens_sequential_no_probe,probe_tokens,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
 results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	if ! $(BIN)/python -c "from paretolab.plugins.speculative.train import draft_path; exit(0 if draft_path('smollm2-135m').is_file() else 1)"; then \
