@@ -67,6 +67,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     regs = registries()
     result = TrialResult()
     sampler = _PeakMemory()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()  # peak_gpu_mb is this trial's, not the worker's so far
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
         ctx = TrialContext(
