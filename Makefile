@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast results results-decoding clean
+.PHONY: install demo test test-fast gpu-check results results-decoding clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: $(STAMP)  ## the whole test suite (slow tests included)
 test-fast: $(STAMP)  ## the suite without slow tests
 	$(BIN)/python -m pytest -m "not slow"
 
+gpu-check: $(STAMP)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the GPU timings, into gpu_check.json
+	PYTHON=$(BIN)/python benchmarks/gpu_check.sh --out gpu_check.json
+
 # The compression claim checks (issue 4): each pipeline runs as a study (resumable), then the
 # results table pipelines/README.md is regenerated from the stored studies.
 CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize
@@ -41,7 +44,7 @@ results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 
 # then Parallel-Probe, speculative decoding and token sparse attention run as studies, and
 # pipelines/DECODING.md is regenerated from them.
 DECODING := parallel_probe speculative token_sparse_attention
-DECODING_METRICS := acc,tokens_total,tokens_sequential,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
+DECODING_METRICS := acc,tokens_total,tokens_sequential,tokens_total_no_probe,tokens_sequential_no_probe,probe_tokens,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
 results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	if ! $(BIN)/python -c "from paretolab.plugins.speculative.train import draft_path; exit(0 if draft_path('smollm2-135m').is_file() else 1)"; then \

@@ -33,7 +33,7 @@ class TrialContext:
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""
-        return torch.Generator().manual_seed(self.seed + offset)
+        return torch.Generator(device="cpu").manual_seed(self.seed + offset)  # CPU: the same stream on any device
 
     def calibration_ids(self, tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 16, seq_len: int = 256) -> torch.Tensor:
         """(n_samples, seq_len) calibration token ids from ``corpus``, seeded by the trial."""

@@ -28,3 +28,7 @@ class PluginError(ParetolabError, RuntimeError):
 
 class TrialError(ParetolabError, RuntimeError):
     """A trial could not produce usable metrics (NaN, missing objective, timeout)."""
+
+
+class CalibrationLeakError(ConfigError):
+    """A method would calibrate on the very corpus the task evaluates on (its score would be inflated)."""

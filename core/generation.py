@@ -144,7 +144,9 @@ def decode_batch(
 ) -> Generation:
     """Decode all ``prompts`` as one batch until each hits a stop id or ``max_new_tokens``.
 
-    ``row_ids[i]`` names prompt i's random stream in ``chooser`` (default: its index).
+    ``row_ids[i]`` names prompt i's random stream in ``chooser`` (default: its index). Timers cover
+    the whole loop, as every generator's do: ``prefill_s`` up to the first token chosen,
+    ``decode_s`` from there to the last (forwards, token choice and batch bookkeeping alike).
     """
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -154,11 +156,16 @@ def decode_batch(
     sequences: list[list[int]] = [[] for _ in prompts]
     stop = set(stop_ids)
     decoder = BatchDecoder(model)
+    start = time.perf_counter()
     logits = decoder.prefill(prompts)
+    prefill_s: float | None = None
     while True:
         next_ids = chooser.choose(logits, live)
+        tokens = next_ids.tolist()  # waits for the device
+        if prefill_s is None:  # the first token is prefill's
+            prefill_s = time.perf_counter() - start
         keep = []
-        for b, (row, token) in enumerate(zip(live, next_ids.tolist())):
+        for b, (row, token) in enumerate(zip(live, tokens)):
             sequences[slot[row]].append(token)
             if token not in stop and len(sequences[slot[row]]) < max_new_tokens:
                 keep.append(b)
@@ -169,8 +176,9 @@ def decode_batch(
             next_ids = next_ids[keep]
             live = [live[b] for b in keep]
         logits = decoder.extend(next_ids)
+    decode_s = time.perf_counter() - start - (prefill_s or 0.0)
     total = sum(map(len, sequences))  # independent prompts: each one's own steps are sequential
-    return Generation(sequences, total, total, decoder.prefill_s, decoder.decode_s)
+    return Generation(sequences, total, total, prefill_s, decode_s)
 
 
 class GreedyGenerator:
@@ -195,12 +203,12 @@ class GreedyGenerator:
 def _greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, stop: set[int]) -> Generation:
     """One prompt (1, T), greedy, batch 1: every new token is one sequential step."""
     start = time.perf_counter()
-    logits, cache = forward_with_cache(model, input_ids)
+    logits, cache = forward_with_cache(model, input_ids, last_only=True)
     next_id = logits[:, -1:].argmax(-1)  # (1, 1)
+    new = [int(next_id)]  # waits for the device: the first token is prefill's
     prefilled = time.perf_counter()
-    new = [int(next_id)]
     while len(new) < max_new_tokens and new[-1] not in stop:
-        logits, cache = forward_with_cache(model, next_id, cache)
+        logits, cache = forward_with_cache(model, next_id, cache, last_only=True)
         next_id = logits[:, -1:].argmax(-1)
         new.append(int(next_id))
     return Generation([new], len(new), len(new), prefilled - start, time.perf_counter() - prefilled)

@@ -22,6 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+SIMULATED_GPUS_ENV = "PARETOLAB_SIMULATED_GPUS"  # set on nodes whose GPUs exist only in Ray's resource table
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def free_port() -> int:
@@ -95,6 +102,8 @@ class RayCluster:
         self._ray_start(name, [f"--address={self.address}", f"--num-cpus={cpus}", f"--num-gpus={gpus}"])
 
     def _ray_start(self, name: str, args: list[str]) -> None:
+        # GPUs declared on a machine without CUDA are Ray bookkeeping only: trials there run on the CPU, labelled so
+        simulated = any(a.startswith("--num-gpus=") and a != "--num-gpus=0" for a in args) and not _cuda_visible()
         ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
                  f"--runtime-env-agent-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
                  f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
@@ -102,7 +111,8 @@ class RayCluster:
         cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args, *ports,
                f"--min-worker-port={base}", f"--max-worker-port={base + 99}"]
         for _ in range(2):  # a loaded machine can miss Ray's 30 s raylet start-up deadline once
-            proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            env = {**self.env, SIMULATED_GPUS_ENV: "1"} if simulated else self.env
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             out, _ = proc.communicate(timeout=180)
             if proc.returncode == 0:
                 self.nodes[name] = proc.pid  # the daemons it forked keep its process group

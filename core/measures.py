@@ -116,7 +116,7 @@ class Latency(Measure):
         base = ctx.base.model if options.baseline and ctx.base is not None else None
         vocab = min(int(getattr(m.config, "vocab_size", 256)) for m in (model, base) if m is not None)
         gen = torch.Generator().manual_seed(1234)  # the same prompt for every trial
-        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen)
+        prompt = torch.randint(0, vocab, (1, options.prompt_tokens), generator=gen, device="cpu")
         ids = prompt.to(subject.device)
         base_ids = prompt.to(next(base.parameters()).device) if base is not None else None
         cuda = ids.is_cuda or (base_ids is not None and base_ids.is_cuda)

@@ -142,6 +142,6 @@ class WorkerPool:
                 pass
 
     def _new(self) -> Any:
-        worker = self.cls.remote(self.model, self.settings)
+        worker = self.cls.remote(self.model, self.settings, self.resources.gpus)
         self.everyone.append(worker)
         return worker

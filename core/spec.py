@@ -222,6 +222,9 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"stages: stage ids must be unique, got {ids}")
 
+    from paretolab.calibration import check_calibration_corpus
+
+    check_calibration_corpus(stages, task_name, task_options)  # before any trial calibrates on the test text
     measures = _parse_measures(raw.get("measures"), regs)
     objectives = _parse_objectives(raw.get("objectives"), regs)
     search = _parse_search(raw.get("search") or {})

@@ -30,6 +30,12 @@ def tokenizer_state(tokenizer: Any) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on a CUDA ``device`` (a no-op elsewhere), so a timer read after it holds that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @dataclass
 class Subject:
     """What methods transform and tasks evaluate.
@@ -113,6 +119,13 @@ class Subject:
         """Put back the tokenizer as it was at the first copy (after a method changed the shared one in place)."""
         if self.pristine_tokenizer is not None:
             self.tokenizer = copy.deepcopy(self.pristine_tokenizer)
+
+    def to(self, device: torch.device | str) -> Subject:
+        """Move the model (and a generator's own modules, e.g. a draft) to ``device``; returns self."""
+        self.model.to(device)
+        if hasattr(self.generator, "to"):
+            self.generator.to(device)
+        return self
 
     @property
     def device(self) -> torch.device:

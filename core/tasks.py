@@ -60,7 +60,7 @@ class Perplexity(Task):
     def evaluate(self, subject: Subject, options: PerplexityOptions, ctx: TrialContext) -> dict[str, float]:
         if options.stride < 1 or options.stride > options.context:
             raise ConfigError(f"task.stride must be between 1 and task.context ({options.context}), got {options.stride}")
-        ids = corpus_ids(subject.tokenizer, options.corpus, options.max_tokens)
+        ids = corpus_ids(subject.tokenizer, options.corpus, options.max_tokens).to(subject.device)
         window_nll: list[float] = []  # summed NLL of each window's scored tokens
         window_tokens: list[int] = []
         model = subject.model
@@ -128,7 +128,7 @@ def corpus_ids(tokenizer: Any, corpus: str, max_tokens: int) -> torch.Tensor:
             chars *= 2
         if len(ids) < 2:
             raise ConfigError(f"corpus {corpus!r} yields fewer than 2 tokens")
-        _IDS_CACHE[key] = torch.tensor(ids[:max_tokens], dtype=torch.long)
+        _IDS_CACHE[key] = torch.tensor(ids[:max_tokens], dtype=torch.long, device="cpu")  # a CPU cache; callers move it
     return _IDS_CACHE[key]
 
 
@@ -229,7 +229,7 @@ def _choices(row: dict[str, Any], dataset: str, delimiter: str = "") -> tuple[li
 
 def _loglikelihoods(subject: Subject, pairs: list[tuple[str, str, bool]], batch_size: int) -> list[float]:
     """Summed log-probability of each continuation given its context (greedy flag checked in place)."""
-    tok, model = subject.tokenizer, subject.model
+    tok, model, device = subject.tokenizer, subject.model, subject.device
     scores: list[float] = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i : i + batch_size]
@@ -241,16 +241,16 @@ def _loglikelihoods(subject: Subject, pairs: list[tuple[str, str, bool]], batch_
             spans.append(len(cont_ids))
         width = max(len(s) for s in seqs)
         pad = getattr(tok, "pad_token_id", None) or 0
-        batch = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        batch = torch.full((len(seqs), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
         for j, seq in enumerate(seqs):
-            batch[j, : len(seq)] = torch.tensor(seq)
+            batch[j, : len(seq)] = torch.tensor(seq, device=device)
             mask[j, : len(seq)] = 1
         with torch.no_grad():
             logprobs = torch.log_softmax(model(input_ids=batch, attention_mask=mask).logits.float(), dim=-1)
         for j, (seq, span) in enumerate(zip(seqs, spans)):
-            positions = torch.arange(len(seq) - span - 1, len(seq) - 1)
-            targets = torch.tensor(seq[len(seq) - span :])
+            positions = torch.arange(len(seq) - span - 1, len(seq) - 1, device=device)
+            targets = torch.tensor(seq[len(seq) - span :], device=device)
             token_lp = logprobs[j, positions, targets]
             scores.append(float(token_lp.sum()))
             if chunk[j][2]:  # greedy check for LAMBADA rows

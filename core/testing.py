@@ -18,12 +18,17 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 import optuna
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from paretolab.context import TrialContext
 from paretolab.method import KINDS, Method
@@ -44,7 +49,7 @@ def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
 def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the lazy dog. " * 4) -> torch.Tensor:
     from paretolab.data import encode
 
-    ids = torch.tensor([encode(subject.tokenizer, text)[:64]])
+    ids = torch.tensor([encode(subject.tokenizer, text)[:64]], device=subject.device)
     with torch.no_grad():
         return subject.model(input_ids=ids).logits.float()
 
@@ -70,6 +75,82 @@ def observable_state(subject: Subject) -> tuple[Any, ...]:
     config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
     modules = tuple(type(m).__name__ for m in subject.model.modules())
     return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage))
+
+
+# factory functions that make a tensor from nothing: where it lives is the caller's choice
+_FACTORIES = frozenset({
+    torch.arange, torch.empty, torch.eye, torch.full, torch.linspace, torch.logspace, torch.ones, torch.rand,
+    torch.randint, torch.randn, torch.randperm, torch.tensor, torch.zeros,
+})
+
+
+class _DeviceNamed(TorchFunctionMode):
+    """Raises when paretolab code (core, plugins, kernels) calls a tensor factory without ``device=``."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _FACTORIES and kwargs.get("device") is None:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
+                frame = frame.f_back
+            module = frame.f_globals.get("__name__", "") if frame is not None else ""
+            if module.startswith("paretolab.") and not module.startswith("paretolab.testing"):
+                raise RuntimeError(
+                    f"{frame.f_code.co_filename}:{frame.f_lineno}: torch.{func.__name__}() without device=; "
+                    "pass the model's device (or device='cpu' where the CPU is meant)"
+                )
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def tensors_default_to(device: str = "meta") -> Iterator[None]:
+    """Tensors made without ``device=`` fail: paretolab's own factory calls raise, others land on ``device``.
+
+    A CPU run cannot see a tensor that would sit on the CPU beside a GPU model. Here a factory call
+    in paretolab code (core, plugins, kernels) without ``device=`` raises with its file and line,
+    and a tensor another library makes without one lands on "meta", so the first op that mixes it
+    with the model's tensors fails. Code that means the CPU says ``device="cpu"``.
+    """
+    with torch.device(device), _DeviceNamed():
+        yield
+
+
+def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+    """The trial settings the contract runs a method under: perplexity, and a generation task for decoding methods."""
+    from paretolab.trial import TrialSettings
+
+    settings = [TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, measures, seed=0)]
+    if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
+        settings.append(TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, measures, seed=0))
+    return settings
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def check_tensor_devices(method: Method, subject: Subject, params: dict[str, Any]) -> None:
+    """transform, the task, evaluate and measure make every tensor on the model's device (see tensors_default_to)."""
+    from paretolab.search import StagePlan
+    from paretolab.trial import run_trial
+
+    for number, settings in enumerate(contract_settings(method, {})):
+        with tensors_default_to("meta"), _env(PARETOLAB_RECORD_ANEW="1"):  # cached decodes would hide the code
+            result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=number)
+        assert not result.failed, (
+            f"{method.name} under task {settings.task!r}: a tensor was made without device=: "
+            f"{result.error}\n{result.traceback}"
+        )
 
 
 class MethodContract:
@@ -146,6 +227,9 @@ class MethodContract:
             result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=1)
             assert not result.failed, result.traceback
             assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["tokens_total"] > 0
+
+    def test_makes_tensors_on_the_model_device(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
+        check_tensor_devices(method, subject, params)
 
     def test_same_seed_same_model(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
         outputs = []

@@ -18,7 +18,7 @@ from paretolab.errors import TrialError
 from paretolab.energy import EnergyMeter
 from paretolab.options import parse_options
 from paretolab.search import StagePlan
-from paretolab.subject import Subject, tokenizer_state
+from paretolab.subject import Subject, synchronize, tokenizer_state
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
@@ -85,6 +85,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             task={"name": settings.task, **settings.task_options},
             cpus=settings.cpus,
             base=base,
+            device=base.device,
         )
         try:
             with sampler, torch.random.fork_rng(devices=[]):
@@ -119,6 +120,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
                 for method in methods:
                     metrics.update(method.evaluate(subject, ctx))
+                synchronize(subject.device)  # queued GPU work belongs to this stage
                 result.stage_s["evaluate"] = time.perf_counter() - t0
                 meter.end("evaluate")
 
@@ -132,6 +134,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                     metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
                 for method in methods:
                     metrics.update(method.measure(subject, ctx))
+                synchronize(subject.device)
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
                 meter.end("measure")

@@ -1,4 +1,4 @@
-"""The Ray actor that runs trials: it loads the base model once and copies it for each trial."""
+"""The Ray actor that runs trials: it loads the base model once, on the trial's device, and copies it for each trial."""
 
 from __future__ import annotations
 
@@ -6,20 +6,27 @@ import os
 import socket
 from typing import Any
 
+import torch
+
+from paretolab.errors import ConfigError
 from paretolab.search import StagePlan
 from paretolab.trial import TrialResult, TrialSettings, run_trial
 
 
 class TrialWorker:
-    """Holds one base subject; ``run`` executes a trial plan on a private copy of it."""
+    """Holds one base subject; ``run`` executes a trial plan on a private copy of it.
 
-    def __init__(self, model: str, settings: TrialSettings) -> None:
+    With ``gpus > 0`` the base model sits on the GPU Ray assigned (its only visible one), so every
+    trial's copy, inputs, kernels and measures run there.
+    """
+
+    def __init__(self, model: str, settings: TrialSettings, gpus: float = 0.0) -> None:
         from paretolab.models import load_subject
 
         self.settings = settings
-        self.base = load_subject(model)
+        self.base = load_subject(model).to(trial_device(gpus))
         self.name = f"{socket.gethostname()}:{os.getpid()}"
-        self.placement = _placement()
+        self.placement = {**_placement(), "device": str(self.base.device)}
 
     def ready(self) -> str:
         return self.name
@@ -40,6 +47,19 @@ def _placement() -> dict[str, str]:
         return {"ray_node": context.get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
     except Exception:  # run outside Ray (tests call the class directly)
         return {}
+
+
+def trial_device(gpus: float) -> torch.device:
+    """Where a trial with ``gpus`` GPUs runs: the first visible CUDA device (Ray sets CUDA_VISIBLE_DEVICES), else the CPU."""
+    if gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if os.environ.get("PARETOLAB_SIMULATED_GPUS"):  # a local test cluster's declared GPUs (see localcluster)
+            return torch.device("cpu")
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA device is visible to it"
+        raise ConfigError(f"resources.gpus: a trial asks for {gpus:g} GPU(s) but torch on {socket.gethostname()} cannot use one "
+                          f"({why}); install a CUDA torch there or set resources.gpus: 0")
+    return torch.device("cuda", 0)
 
 
 def remote_worker_class(cpus: float, gpus: float, memory_gb: float | None) -> Any:

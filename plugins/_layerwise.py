@@ -27,6 +27,17 @@ def calibration_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any],
     return ctx.calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length).to(subject.device)
 
 
+def heldout_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, tokens: int) -> torch.Tensor:
+    """(M, L) windows of the calibration corpus sharing no token with :func:`calibration_ids`, at least ``tokens`` in all."""
+    from paretolab.data import heldout_calibration_ids
+
+    n, length = int(params.get("calib_samples", 8)), int(params.get("calib_seq_len", 256))
+    corpus = str(params.get("calib_corpus", "pydoc"))
+    windows = max(1, -(-tokens // length))
+    ids = heldout_calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length, seed=ctx.seed, n_heldout=windows)
+    return ids.to(subject.device)
+
+
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder blocks of a Llama-style causal LM (``model.model.layers``)."""
     inner = getattr(model, "model", None)

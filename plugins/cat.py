@@ -28,7 +28,7 @@ Everything is fake-quantized (``cost_is`` simulated). ``size_bytes`` counts the 
 their scales and, for ``cat``, each stored T in fp16 (once per shared input); Hadamard blocks
 are computed on the fly and cost no storage.
 
-Reports per-Linear SQNR on held-out calibration tokens (artifact ``cat_sqnr.json``) and
+Reports per-Linear SQNR on held-out tokens (corpus windows disjoint from the calibration ones; artifact ``cat_sqnr.json``) and
 their mean as the ``sqnr_db`` metric.
 
 Why one method with a ``transform`` param rather than separate ``hadamard`` and ``rtn_w4a4``
@@ -48,7 +48,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, linear_inputs, run_model
+from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, heldout_ids, linear_inputs, run_model
 from paretolab.plugins.baselines import linear_weights, quantize_rtn
 from paretolab.storage import TensorStorage
 from paretolab.subject import Subject
@@ -60,11 +60,11 @@ PAPER = Paper("Dissecting Quantization Error: A Concentration-Alignment Perspect
 # --- building blocks ---------------------------------------------------------------------------
 
 
-def hadamard(n: int) -> torch.Tensor:
-    """The orthonormal Sylvester Hadamard matrix of order ``n`` (a power of two)."""
+def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The orthonormal Sylvester Hadamard matrix of order ``n`` (a power of two), on ``device``."""
     if n < 1 or n & (n - 1):
         raise ConfigError(f"a Hadamard block needs a power-of-two size, got {n}")
-    h = torch.ones(1, 1, dtype=torch.float64)
+    h = torch.ones(1, 1, dtype=torch.float64, device=device)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return h / math.sqrt(n)
@@ -117,12 +117,12 @@ def cat_blocks(sigma_x: torch.Tensor, sigma_w: torch.Tensor, *, strength: float 
     p = sx_ihalf @ sym_power((inner + inner.transpose(-1, -2)) / 2, 0.5) @ sx_ihalf
     p = (p + p.transpose(-1, -2)) / 2
     p = p / torch.linalg.det(p).abs().pow(1.0 / p.shape[-1]).reshape(-1, 1, 1)  # unit determinant: scale is free
-    return sym_power(p, strength / 2) @ hadamard(p.shape[-1])
+    return sym_power(p, strength / 2) @ hadamard(p.shape[-1], p.device)
 
 
 def _damped(s: torch.Tensor, damp: float) -> torch.Tensor:
     mean_diag = torch.diagonal(s, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-12)
-    return s + damp * mean_diag.reshape(-1, 1, 1) * torch.eye(s.shape[-1], dtype=s.dtype)
+    return s + damp * mean_diag.reshape(-1, 1, 1) * torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
 
 
 def block_gram(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -194,7 +194,7 @@ class CAT(Method):
             "block": 64,  # transform block (largest power of two <= block dividing the layer width)
             "strength": 1.0,  # T = P^{strength/2} H; 0 = Hadamard only
             "damp": 0.01,
-            "sqnr_tokens": 256,  # held-out calibration tokens per Linear for the SQNR report
+            "sqnr_tokens": 256,  # tokens per Linear for the SQNR report, from corpus windows the fit never saw
             **CALIB_DEFAULTS,
         }
 
@@ -245,28 +245,37 @@ def _check(kind: str, w_bits: int, a_bits: int, block: int, strength: float) -> 
 
 
 def _calibrate(subject: Subject, ctx: TrialContext, p: dict[str, Any], layers: dict[str, torch.nn.Linear], block: int, *, need_cov: bool) -> dict[str, Any]:
-    """Block input covariances, input-sharing groups and held-out SQNR samples, from one FP pass."""
-    ids = calibration_ids(subject, ctx, p, method="cat")
+    """Block input covariances and input-sharing groups from the calibration pass; SQNR samples from held-out tokens.
+
+    The SQNR rows come from a second pass over windows of the corpus that share no token with
+    the calibration windows the transforms were fitted on, so the score is a held-out one.
+    """
     batch_size = 4
-    n_batches = math.ceil(ids.shape[0] / batch_size)
-    per_batch = max(1, int(p["sqnr_tokens"]) // n_batches)
-    gen = ctx.generator(offset=17)
     cov: dict[str, torch.Tensor] = {}
-    samples: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
     group_of: dict[str, tuple[str, int]] = {}
 
-    def on_input(name: str, x: torch.Tensor) -> None:
+    def fit(name: str, x: torch.Tensor) -> None:
         if name not in group_of:  # Linears of one parent reading the very same tensor share a T
             group_of[name] = (name.rsplit(".", 1)[0], x.data_ptr())
-        rows = torch.randperm(x.shape[0], generator=gen)[:per_batch]
-        samples[name].append(x[rows].clone())
         if need_cov:
             b = block_size_for(x.shape[1], block)
             gram = block_gram(x, b)
             cov[name] = cov[name] + gram if name in cov else gram
 
-    with linear_inputs(dict(layers), on_input):
-        run_model(subject.model, ids, batch_size=batch_size)
+    with linear_inputs(dict(layers), fit):
+        run_model(subject.model, calibration_ids(subject, ctx, p, method="cat"), batch_size=batch_size)
+
+    heldout = heldout_ids(subject, ctx, p, tokens=int(p["sqnr_tokens"]))
+    per_batch = max(1, int(p["sqnr_tokens"]) // math.ceil(heldout.shape[0] / batch_size))
+    gen = ctx.generator(offset=17)
+    samples: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+
+    def keep(name: str, x: torch.Tensor) -> None:
+        rows = torch.randperm(x.shape[0], generator=gen, device="cpu")[:per_batch].to(x.device)  # CPU stream: same rows on any device
+        samples[name].append(x[rows].clone())
+
+    with linear_inputs(dict(layers), keep):
+        run_model(subject.model, heldout, batch_size=batch_size)
     return {"cov": cov, "groups": group_of, "samples": {k: torch.cat(v) for k, v in samples.items()}}
 
 
@@ -280,7 +289,7 @@ def _transforms(kind: str, layers: dict[str, torch.nn.Linear], stats: dict[str, 
         for name, linear in layers.items():
             b = block_size_for(linear.in_features, block)
             if linear.in_features not in cache:
-                cache[linear.in_features] = hadamard(b).unsqueeze(0).repeat(linear.in_features // b, 1, 1)
+                cache[linear.in_features] = hadamard(b, linear.weight.device).unsqueeze(0).repeat(linear.in_features // b, 1, 1)
             out[name] = cache[linear.in_features]
         return out
     members: dict[tuple[str, int], list[str]] = {}

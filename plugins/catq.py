@@ -108,7 +108,7 @@ def fit_layer(
     """
     linears = {n: mod for n, mod in layer.named_modules() if isinstance(mod, torch.nn.Linear)}
     originals = {n: mod.weight.detach().clone() for n, mod in linears.items()}
-    factors = {n: [torch.zeros(w.numel() // group_size, 1, requires_grad=True) for _ in range(3)] for n, w in originals.items()}
+    factors = {n: [torch.zeros(w.numel() // group_size, 1, device=w.device, requires_grad=True) for _ in range(3)] for n, w in originals.items()}
     flags = [p.requires_grad for p in layer.parameters()]
     for p in layer.parameters():
         p.requires_grad_(False)
@@ -127,7 +127,7 @@ def fit_layer(
     try:
         before = hard_mse()
         for step in range(steps):
-            idx = torch.randperm(n, generator=generator)[: min(batch_samples, n)]
+            idx = torch.randperm(n, generator=generator, device="cpu")[: min(batch_samples, n)].to(inputs.device)
             sharp = sharpness_at(step, steps, soft_fraction=soft_fraction, k_start=k_start, k_end=k_end)
             out = torch.func.functional_call(layer, weights(sharp), (inputs[idx],), select_kwargs(kwargs, idx, n))
             out = out[0] if isinstance(out, tuple) else out

@@ -46,8 +46,8 @@ class DepthProbeOptions:
 
 def fit_inverse_depth(ce: list[float], *, fit_from_layer: int = 1, grid: int = 400) -> dict[str, float]:
     """Fit CE(l) = CE∞ + A·l^−α (l = 1..L) by a grid over CE∞ and log-log least squares."""
-    depths = torch.arange(1, len(ce) + 1, dtype=torch.float64)
-    values = torch.tensor(ce, dtype=torch.float64)
+    depths = torch.arange(1, len(ce) + 1, dtype=torch.float64, device="cpu")  # a small fit on the host
+    values = torch.tensor(ce, dtype=torch.float64, device="cpu")
     keep = depths >= fit_from_layer
     depths, values = depths[keep], values[keep]
     if depths.numel() < 3:
@@ -55,7 +55,7 @@ def fit_inverse_depth(ce: list[float], *, fit_from_layer: int = 1, grid: int = 4
     x = depths.log()
     best: dict[str, float] = {"sse": math.inf}
     top = float(values.min())
-    for ce_inf in torch.linspace(0.0, top, grid + 1)[:-1].tolist() + [top - 1e-3 * max(top, 1e-3)]:
+    for ce_inf in torch.linspace(0.0, top, grid + 1, device="cpu")[:-1].tolist() + [top - 1e-3 * max(top, 1e-3)]:
         y = (values - ce_inf).clamp_min(1e-9).log()
         xm, ym = x.mean(), y.mean()
         slope = float(((x - xm) * (y - ym)).sum() / (x - xm).pow(2).sum())
@@ -92,10 +92,10 @@ def layer_cross_entropy(subject: Subject, options: DepthProbeOptions) -> list[fl
     model = subject.model
     layers = decoder_layers(model)
     norm, head = model.model.norm, model.get_output_embeddings()
-    ids = corpus_ids(subject.tokenizer, options.corpus, options.max_tokens)
+    ids = corpus_ids(subject.tokenizer, options.corpus, options.max_tokens)  # on the CPU; windows move below
     n_windows = ids.numel() // options.seq_len
     windows = ids[: n_windows * options.seq_len].reshape(n_windows, options.seq_len).to(subject.device)
-    totals = torch.zeros(len(layers), dtype=torch.float64)
+    totals = torch.zeros(len(layers), dtype=torch.float64, device="cpu")  # host sums of Python floats
     count = 0
     seen: list[tuple[torch.Tensor, dict[str, Any]]] = []
 

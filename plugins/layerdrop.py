@@ -42,8 +42,8 @@ PAPER = Paper("The Few Govern the Many: Unveiling Few-Layer Dominance for Time S
 def representation_shift(model: torch.nn.Module, ids: torch.Tensor, *, batch_size: int = 4) -> torch.Tensor:
     """Per decoder layer, the mean over calibration tokens of 1 − cos(layer input, layer output): (n_layers,)."""
     layers = decoder_layers(model)
-    sums = torch.zeros(len(layers), dtype=torch.float64)
-    counts = torch.zeros(len(layers), dtype=torch.float64)
+    sums = torch.zeros(len(layers), dtype=torch.float64, device="cpu")  # host accumulators of Python floats
+    counts = torch.zeros(len(layers), dtype=torch.float64, device="cpu")
 
     def hook(index: int) -> Callable[..., None]:
         def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -68,7 +68,7 @@ def layers_to_drop(model: torch.nn.Module, ids: torch.Tensor, k: int, score: str
     """Original indices of the ``k`` layers to remove under ``score`` (sorted)."""
     n = len(decoder_layers(model))
     if score == "random":
-        return sorted(torch.randperm(n, generator=generator)[:k].tolist())
+        return sorted(torch.randperm(n, generator=generator, device="cpu")[:k].tolist())
     if score == "block_influence":
         return sorted(torch.argsort(representation_shift(model, ids))[:k].tolist())
     # shift: greedy, re-measured on a pruned copy after each removal

@@ -38,7 +38,7 @@ from paretolab.plugins.baselines import linear_weights
 from paretolab.subject import Subject
 
 SCALES = ("crest", "fixed")
-MARGINS = torch.linspace(-3.0, 1.0, 33)  # log-range multipliers tried when calibrating either scale
+MARGINS = torch.linspace(-3.0, 1.0, 33, device="cpu")  # log-range multipliers tried when calibrating either scale
 PAPER = Paper("PsumQuant: input-aware partial-sum quantization for tiled accelerators (title per the seed abstract)", "", "")
 
 
@@ -114,7 +114,7 @@ def fit_psum_linear(linear: torch.nn.Linear, x: torch.Tensor, *, bits: int, tile
         else:
             log_max, log_rms = tile_features(x, tile)
             n, t = log_max.shape
-            onehot = torch.eye(t, dtype=x.dtype).expand(n, t, t)
+            onehot = torch.eye(t, dtype=x.dtype, device=x.device).expand(n, t, t)
             design = torch.cat([onehot, log_max.unsqueeze(-1), log_rms.unsqueeze(-1)], dim=-1).reshape(n * t, t + 2)
             coef = torch.linalg.lstsq(design.double(), target_log.reshape(-1, 1).double()).solution.reshape(-1)
         wrapper = PsumLinear(linear, bits=bits, tile=tile, mode=mode, coef=coef, margin=0.0)
@@ -187,7 +187,7 @@ def _input_samples(subject: Subject, ctx: TrialContext, p: dict[str, Any], layer
     kept: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
 
     def keep(name: str, x: torch.Tensor) -> None:
-        kept[name].append(x[torch.randperm(x.shape[0], generator=gen)[:per_batch]].clone())
+        kept[name].append(x[torch.randperm(x.shape[0], generator=gen, device="cpu")[:per_batch].to(x.device)].clone())
 
     with linear_inputs(dict(layers), keep):
         run_model(subject.model, ids, batch_size=batch_size)

@@ -31,6 +31,18 @@ def needs_data(*relative: str) -> None:
                     "(.ci/run uses ../shared/data)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests skip, with their reason in the summary, where torch sees no CUDA device."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA (run benchmarks/gpu_check.sh on a GPU machine)"))
+
+
 @pytest.fixture
 def tiny():
     """A fresh tiny-llama subject (random weights, byte tokenizer): for mechanics, not claims."""

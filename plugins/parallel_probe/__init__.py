@@ -7,8 +7,8 @@ branches (Wang et al., ICLR 2023), with the same N and the very same branches.
 The paper's: N branches; every Δ tokens every branch is probed for an intermediate answer; the
 winner is the majority over live branches; after a warm-up a branch that disagrees with the
 winner ``patience`` probes in a row is pruned; decoding stops once the winner has stayed the
-same for T probes; costs are the branch tokens (probe tokens excluded), sequential = the longest
-branch, total = the sum; the search is run by replaying recorded traces offline (their SCOUT
+same for T probes; the paper's costs are the branch tokens (probe tokens excluded), sequential =
+the longest branch, total = the sum; the search is run by replaying recorded traces offline (their SCOUT
 simulator). The controller follows their released ``ParallelESTPruningBurstMajorityOnActiveBranches``.
 
 Ours: the probe cue is plain text (default "\\nThe answer is"; SmolLM2 has no end-of-thinking
@@ -20,6 +20,11 @@ under ``$PARETOLAB_CACHE/traces``; a trial of either method replays them, so bot
 the same N branches and a study over (Δ, T, patience, warm-up) costs seconds per trial once
 recorded. Δ must be a multiple of the recorded ``probe_grid``. The text a trial returns for a
 question is the winning branch as far as it was decoded, plus the cue and its probed answer.
+
+Our costs count the probes: ``tokens_total`` adds every probe's cue and answer tokens, and
+``tokens_sequential`` adds, per probe round, the cue plus the longest answer of that round (the
+branches are probed together). The paper's counts stay as ``tokens_total_no_probe`` and
+``tokens_sequential_no_probe`` (equal to the others for self-consistency, which has no probes).
 
 ``parallel_probe`` is marked ``simulated``: its tokens are counted by replaying the controller
 over branches that were decoded in full, not saved by stopping a live decode (the decisions and
@@ -78,27 +83,40 @@ class BranchVoteGenerator:
             sequences.append(_answer_text(question.branches, outcome, cue_ids, self.control, self.settings.probe_grid))
             outcomes.append(outcome)
             baselines.append(baseline)
-        total = sum(o.tokens_total for o in outcomes)
-        rate = recording.tokens / recording.decode_s if recording.decode_s > 0 else 0.0
-        n = max(len(outcomes), 1)
-        stats = {"traces_cached": float(cached)}
+        branch_total = sum(o.tokens_total for o in outcomes)
+        branch_sequential = sum(o.tokens_sequential for o in outcomes)
+        probe_total = probe_sequential = 0
         if self.control:
-            probe_tokens = sum(_probe_tokens(q.branches, o, len(cue_ids), self.control, self.settings.probe_grid)
-                               for q, o in zip(recording.questions, outcomes))
+            for q, o in zip(recording.questions, outcomes):
+                per_round = _probe_rounds(q.branches, o, len(cue_ids), self.control, self.settings.probe_grid)
+                probe_total += sum(sum(r) for r in per_round)
+                probe_sequential += sum(max(r) for r in per_round)
+        rate = recording.tokens / recording.decode_s if recording.decode_s > 0 else 0.0
+        probe_rate = _recorded_probe_tokens(recording, len(cue_ids)) / recording.probe_s if recording.probe_s > 0 else 0.0
+        n = max(len(outcomes), 1)
+        stats = {"traces_cached": float(cached), "tokens_total_no_probe": branch_total / n, "tokens_sequential_no_probe": branch_sequential / n}
+        if self.control:
+            sc_total = max(sum(b.tokens_total for b in baselines), 1)
+            sc_sequential = max(sum(b.tokens_sequential for b in baselines), 1)
             stats |= {
-                "probe_tokens": probe_tokens / n,
+                "probe_tokens": probe_total / n,
                 "branches_pruned": sum(sum(o.pruned) for o in outcomes) / n,
                 "early_stopped": sum(o.early_stop for o in outcomes) / n,
                 "agree_with_sc": sum(o.answer == b.answer for o, b in zip(outcomes, baselines)) / n,
-                "tokens_total_vs_sc": total / max(sum(b.tokens_total for b in baselines), 1),
-                "tokens_sequential_vs_sc": sum(o.tokens_sequential for o in outcomes) / max(sum(b.tokens_sequential for b in baselines), 1),
+                "tokens_total_vs_sc": (branch_total + probe_total) / sc_total,
+                "tokens_sequential_vs_sc": (branch_sequential + probe_sequential) / sc_sequential,
+                "tokens_total_vs_sc_no_probe": branch_total / sc_total,
+                "tokens_sequential_vs_sc_no_probe": branch_sequential / sc_sequential,
             }
+        decode_s = branch_total / rate if rate > 0 else recording.decode_s
+        if probe_total and probe_rate > 0:  # the probes' share of the recorded probe time
+            decode_s += probe_total / probe_rate
         return Generation(
             sequences=sequences,
-            tokens_total=total,
-            tokens_sequential=sum(o.tokens_sequential for o in outcomes),
+            tokens_total=branch_total + probe_total,
+            tokens_sequential=branch_sequential + probe_sequential,
             prefill_s=recording.prefill_s,
-            decode_s=total / rate if rate > 0 else recording.decode_s,
+            decode_s=decode_s,
             stats=stats,
         )
 
@@ -119,11 +137,19 @@ def _answer_text(traces: list[BranchTrace], outcome: Outcome, cue_ids: list[int]
     return traces[i].tokens[:position] + cue_ids + traces[i].probes[position // grid - 1]
 
 
-def _probe_tokens(traces: list[BranchTrace], outcome: Outcome, cue_len: int, control: ProbeParams, grid: int) -> int:
-    """Tokens the controller's probes cost (cue + answer per probe), outside tokens_total as in the paper."""
+def _probe_rounds(traces: list[BranchTrace], outcome: Outcome, cue_len: int, control: ProbeParams, grid: int) -> list[list[int]]:
+    """Per probe round, the tokens (cue + answer) of each branch the controller probed in it."""
     step = control.probe_every // grid
-    return sum(cue_len + len(trace.probes[(j + 1) * step - 1])
-               for trace, taken in zip(traces, outcome.probes_taken) for j in range(taken))
+    rounds: list[list[int]] = [[] for _ in range(max(outcome.probes_taken, default=0))]
+    for trace, taken in zip(traces, outcome.probes_taken):
+        for j in range(taken):
+            rounds[j].append(cue_len + len(trace.probes[(j + 1) * step - 1]))
+    return rounds
+
+
+def _recorded_probe_tokens(recording: Any, cue_len: int) -> int:
+    """Cue + answer tokens of every probe made while recording (what ``recording.probe_s`` paid for)."""
+    return sum(cue_len + len(p) for q in recording.questions for b in q.branches for p in b.probes)
 
 
 def _record_settings(params: dict[str, Any]) -> RecordSettings:
@@ -190,10 +216,14 @@ def register_methods(register: Callable[[Method], None]) -> None:
 
 @hookimpl
 def register_metrics(register: Callable[[Metric], None]) -> None:
-    register(Metric("probe_tokens", "tokens", "minimize", "parallel_probe: cue + answer tokens its probes cost per example (outside tokens_total, as in the paper)"))
+    register(Metric("probe_tokens", "tokens", "minimize", "parallel_probe: cue + answer tokens its probes cost per example (included in tokens_total)"))
     register(Metric("branches_pruned", "branches", "minimize", "parallel_probe: branches pruned per example"))
     register(Metric("early_stopped", "fraction", "maximize", "parallel_probe: examples stopped by consensus before every branch ended"))
     register(Metric("agree_with_sc", "fraction", "maximize", "parallel_probe: examples whose answer equals self-consistency's over the same branches"))
-    register(Metric("tokens_total_vs_sc", "ratio", "minimize", "parallel_probe: tokens_total / self-consistency's over the same branches"))
-    register(Metric("tokens_sequential_vs_sc", "ratio", "minimize", "parallel_probe: tokens_sequential / self-consistency's over the same branches"))
+    register(Metric("tokens_total_vs_sc", "ratio", "minimize", "parallel_probe: tokens_total (probes counted) / self-consistency's over the same branches"))
+    register(Metric("tokens_total_vs_sc_no_probe", "ratio", "minimize", "parallel_probe: branch tokens only (probes excluded, as in the paper) / self-consistency's"))
+    register(Metric("tokens_total_no_probe", "tokens", "minimize", "branch methods: tokens_total without probe tokens (the paper's count; = tokens_total for self-consistency)"))
+    register(Metric("tokens_sequential_no_probe", "tokens", "minimize", "branch methods: tokens_sequential without probe rounds (the paper's count)"))
+    register(Metric("tokens_sequential_vs_sc", "ratio", "minimize", "parallel_probe: tokens_sequential (probe rounds counted) / self-consistency's over the same branches"))
+    register(Metric("tokens_sequential_vs_sc_no_probe", "ratio", "minimize", "parallel_probe: longest-branch tokens only (probes excluded, as in the paper) / self-consistency's"))
     register(Metric("traces_cached", "flag", "maximize", "branch methods: 1 when the branch traces came from the cache, 0 when recorded in this trial"))

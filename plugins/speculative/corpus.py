@@ -33,10 +33,10 @@ def heldout_prompts(tokenizer: Any, *, corpus: str = "pydoc", n: int = 4, length
 
 def training_sequences(tokenizer: Any, *, corpus: str = "pydoc", seq_len: int = 256, max_tokens: int = 32768) -> torch.Tensor:
     """(N, seq_len) consecutive windows of the training part of ``corpus``, at most ``max_tokens`` tokens in all."""
-    ids = torch.tensor(encode(tokenizer, split_corpus(corpus)[0]), dtype=torch.long)
+    ids = torch.tensor(encode(tokenizer, split_corpus(corpus)[0]), dtype=torch.long, device="cpu")  # callers move batches
     n = min(len(ids) // seq_len, max(1, max_tokens // seq_len))
     if n < 1:
         raise ValueError(f"corpus {corpus!r} has {len(ids)} training tokens, fewer than seq_len={seq_len}")
     # windows spread over the whole text, not just its beginning
-    starts = torch.linspace(0, len(ids) - seq_len, n).long()
+    starts = torch.linspace(0, len(ids) - seq_len, n, device="cpu").long()
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])

@@ -112,7 +112,7 @@ class SpeculativeGenerator:
         run = {"rounds": 0.0, "emitted": 0.0, "drafted": 0.0}
         with TargetFeatures(model, self.drafter.feature_layers) as watch:
             start = time.perf_counter()
-            logits, cache = forward_with_cache(model, torch.tensor([prompt], device=device))
+            logits, cache = forward_with_cache(model, torch.tensor([prompt], device=device), last_only=True)
             ids = [*prompt, int(logits[0, -1].argmax())]
             features = watch.last()
             prefill_s = time.perf_counter() - start
@@ -131,11 +131,14 @@ class SpeculativeGenerator:
                 crop_cache(cache, len(ids) + n)
                 feats = watch.last()
                 features = feats[: n + 1] if feats is not None else None
+                stopped = next((i for i, token in enumerate(accepted) if token in stop), None)
+                if stopped is not None:  # what follows the stop token is never output, so it is not accepted
+                    accepted = accepted[: stopped + 1]
                 ids.extend(accepted)
                 run["rounds"] += 1
                 run["emitted"] += len(accepted)
                 run["drafted"] += len(draft)
-                if stop.intersection(accepted):
+                if stopped is not None:
                     break
             decode_s = time.perf_counter() - start - prefill_s
         new = ids[len(prompt) :]

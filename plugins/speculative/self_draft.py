@@ -60,7 +60,7 @@ class LayerSkipDrafter:
         feed = ids[common:]
         with layers_removed(self.model, self.skip):
             while len(draft) < k:
-                logits, self.cache = forward_with_cache(self.model, torch.tensor([feed], device=device), self.cache)
+                logits, self.cache = forward_with_cache(self.model, torch.tensor([feed], device=device), self.cache, last_only=True)
                 self.fed.extend(feed)
                 draft.append(int(logits[0, -1].argmax()))
                 feed = draft[-1:]

@@ -76,10 +76,11 @@ def load_draft(model_name: str, target: torch.nn.Module) -> LoadedDraft:
             f"the draft at {path} was trained for width {config.hidden} and layers {config.feature_layers}, but model "
             f"{model_name!r} has {expected.hidden} and {expected.feature_layers}; retrain it with `paretolab draft train --model {model_name} --fresh`"
         )
-    draft = EagleDraft(config)
-    draft.load_state_dict(saved["state"])
     device = next(target.parameters()).device
-    return LoadedDraft(draft.to(device), saved["vocab"].to(device), saved["meta"])
+    with torch.device(device):  # built where the target runs, not on the CPU and copied
+        draft = EagleDraft(config)
+    draft.load_state_dict(saved["state"])
+    return LoadedDraft(draft, saved["vocab"].to(device), saved["meta"])
 
 
 def _load_checkpoint(path: Path) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def ttt_forward(draft: EagleDraft, emb: torch.Tensor, g: torch.Tensor, steps: in
     Step 0 reads the target's projected features ``g``; step s reads the step s-1 output of the
     previous position, and attends through ``ttt_mask`` to what the inference chain would hold.
     """
-    positions = torch.arange(emb.shape[-2])
+    positions = torch.arange(emb.shape[-2], device=emb.device)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     out = []
@@ -149,7 +150,7 @@ def ttt_loss(draft: EagleDraft, embed: torch.Tensor, head: torch.Tensor, to_draf
     # position t reads the target feature at t and token t+1; its label is the target's greedy token after t+1
     emb, g = embed[tokens[:, 1:]], draft.fc(batch["features"].float()[:, :-1])
     target = labels[:, 1:]  # (B, T')
-    total = torch.zeros(())
+    total = torch.zeros((), device=embed.device)
     accuracy: list[float] = []
     for step, (_, normed) in enumerate(ttt_forward(draft, emb, g, steps)):
         logits = normed @ head.T  # (B, T', V_d)
@@ -182,7 +183,8 @@ def train_draft(subject: Subject, options: TrainOptions, *, log: Callable[[str],
     config = EagleConfig.for_target(model)
     path = draft_path(subject.model_name)
     torch.manual_seed(options.seed)
-    draft = EagleDraft(config)
+    with torch.device("cpu"):  # drafts train on the CPU (the embeddings and head are copied there below)
+        draft = EagleDraft(config)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=options.lr, weight_decay=0.0)
     meta: dict[str, Any] = {"steps": 0, "tokens": 0, "train_s": 0.0, "corpus": options.corpus, "ttt_steps": options.ttt_steps}
     vocab = None
@@ -201,8 +203,8 @@ def train_draft(subject: Subject, options: TrainOptions, *, log: Callable[[str],
     if vocab is None:
         counts = torch.bincount(torch.cat([c["labels"].flatten().long() for c in train]), minlength=model.config.vocab_size)
         vocab = torch.argsort(counts, descending=True)[: min(options.vocab, int((counts > 0).sum()))].sort().values
-    to_draft = torch.full((model.config.vocab_size,), -100, dtype=torch.long)
-    to_draft[vocab] = torch.arange(len(vocab))
+    to_draft = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device="cpu")  # training runs on the CPU
+    to_draft[vocab] = torch.arange(len(vocab), device="cpu")
     embed = model.get_input_embeddings().weight.detach().float().cpu()
     head = model.get_output_embeddings().weight.detach().float().cpu()[vocab]
     sequences = [(c, i) for c in train for i in range(c["tokens"].shape[0])]
@@ -213,7 +215,7 @@ def train_draft(subject: Subject, options: TrainOptions, *, log: Callable[[str],
     draft.train()
     running: list[float] = []
     while time.perf_counter() - start < budget_s:
-        pick = torch.randint(len(sequences), (options.batch,), generator=generator).tolist()
+        pick = torch.randint(len(sequences), (options.batch,), generator=generator, device="cpu").tolist()
         batch = {key: torch.stack([sequences[i][0][key][sequences[i][1]] for i in pick]) for key in ("tokens", "features", "labels")}
         warmup = min(1.0, (meta["steps"] + 1) / 20)
         for group in optimizer.param_groups:

@@ -88,3 +88,34 @@ def test_batched_equals_per_prompt_greedy_on_smollm2():
     ref = GreedyGenerator().generate(subject, prompts, max_new_tokens=16, stop_ids=[tok.eos_token_id])
     out = BatchedGenerator(batch_size=4).generate(subject, prompts, max_new_tokens=16, stop_ids=[tok.eos_token_id])
     assert out.sequences == ref.sequences
+
+
+def test_prefill_asks_the_model_for_the_last_positions_logits_only(tiny):
+    from paretolab.decoding import BatchDecoder
+
+    widths = []
+    handle = tiny.model.register_forward_hook(lambda m, a, out: widths.append(out.logits.shape[1]))
+    try:
+        logits = BatchDecoder(tiny.model).prefill([[5, 6, 7, 8, 9, 10, 11, 12], [3, 4]])
+    finally:
+        handle.remove()
+    assert widths == [1] and logits.shape == (2, tiny.model.config.vocab_size)
+
+
+def test_greedy_decode_time_covers_the_whole_loop_as_speculative_does(tiny, monkeypatch):
+    """Time spent choosing tokens counts as decoding (the speculative timer covers its whole loop too)."""
+    import time
+
+    from paretolab.decoding import TokenChooser
+    from paretolab.generation import decode_batch
+
+    real = TokenChooser.choose
+
+    def slow(self, logits, row_ids):
+        time.sleep(0.05)
+        return real(self, logits, row_ids)
+
+    monkeypatch.setattr(TokenChooser, "choose", slow)
+    out = decode_batch(tiny.model, [[5, 6, 7]], max_new_tokens=6)
+    assert len(out.sequences[0]) == 6
+    assert out.prefill_s >= 0.05 and out.decode_s >= 5 * 0.05  # the first choice is prefill's, five more are decode's

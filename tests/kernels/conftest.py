@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")  # benchmarks/gpu_check.sh sets 0 to compile for CUDA
 
 

@@ -106,3 +106,23 @@ def test_registers_the_method_and_its_metric() -> None:
     cat.register_metrics(metrics.append)
     validate_method(methods[0], "test")
     assert [m.name for m in methods] == ["cat"] and [m.name for m in metrics] == ["sqnr_db"]
+
+
+def test_heldout_windows_share_no_token_with_the_calibration_windows(monkeypatch) -> None:
+    from paretolab import data
+
+    monkeypatch.setattr(data, "encode", lambda tokenizer, text: list(range(3000)))  # an id is its position
+    fit = data.calibration_ids(None, n_samples=8, seq_len=64, seed=3)
+    held = data.heldout_calibration_ids(None, n_samples=8, seq_len=64, seed=3, n_heldout=5)
+    assert held.shape == (5, 64)
+    assert not set(fit.flatten().tolist()) & set(held.flatten().tolist())
+
+
+def test_sqnr_is_scored_on_tokens_the_transform_was_not_fitted_on(tiny: Subject, ctx: TrialContext, monkeypatch) -> None:
+    fed: list[torch.Tensor] = []
+    real = cat.run_model
+    monkeypatch.setattr(cat, "run_model", lambda model, ids, **kw: (fed.append(ids), real(model, ids, **kw))[1])
+    CAT().transform(tiny.copy(), {"transform": "cat", "sqnr_tokens": 64, **SMALL}, ctx)
+    fitted, scored = fed  # the calibration pass, then the SQNR pass
+    windows = {tuple(row) for row in fitted.tolist()}
+    assert scored.shape[1] == SMALL["calib_seq_len"] and not windows & {tuple(row) for row in scored.tolist()}

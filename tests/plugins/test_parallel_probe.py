@@ -99,10 +99,15 @@ def test_both_methods_replay_the_same_recorded_branches(tiny, private_cache: Pat
     probe = {**SMALL, "probe_every": 4, "consensus": 1, "patience": 1, "warmup": 0}
     pp = _trial(tiny, "parallel_probe", probe, number=1)
     assert pp["traces_cached"] == 1.0 and len(list((private_cache / "traces").iterdir())) == 1
-    assert pp["tokens_total"] <= sc["tokens_total"] and pp["tokens_sequential"] <= sc["tokens_sequential"]
-    assert pp["tokens_total_vs_sc"] == pytest.approx(pp["tokens_total"] / sc["tokens_total"])
-    assert pp["tokens_sequential_vs_sc"] == pytest.approx(pp["tokens_sequential"] / sc["tokens_sequential"])
+    # branch tokens (the paper's count) never exceed self-consistency's; the probes are added on top
+    assert pp["tokens_total_no_probe"] <= sc["tokens_total"] and pp["tokens_sequential_no_probe"] <= sc["tokens_sequential"]
     assert pp["probe_tokens"] > 0
+    assert pp["tokens_total"] == pytest.approx(pp["tokens_total_no_probe"] + pp["probe_tokens"])
+    assert pp["tokens_sequential"] > pp["tokens_sequential_no_probe"]
+    assert pp["tokens_total_vs_sc"] == pytest.approx(pp["tokens_total"] / sc["tokens_total"])
+    assert pp["tokens_total_vs_sc_no_probe"] == pytest.approx(pp["tokens_total_no_probe"] / sc["tokens_total"])
+    assert pp["tokens_sequential_vs_sc"] == pytest.approx(pp["tokens_sequential"] / sc["tokens_sequential"])
+    assert sc["tokens_total_no_probe"] == sc["tokens_total"]  # self-consistency has no probes
     again = _trial(tiny, "parallel_probe", probe, number=2)
     assert {k: again[k] for k in ("acc", "tokens_total", "tokens_sequential")} == {k: pp[k] for k in ("acc", "tokens_total", "tokens_sequential")}
 
@@ -110,8 +115,10 @@ def test_both_methods_replay_the_same_recorded_branches(tiny, private_cache: Pat
 def test_a_controller_that_never_stops_early_costs_what_self_consistency_costs(tiny):
     sc = _trial(tiny, "self_consistency", SMALL)
     never = _trial(tiny, "parallel_probe", {**SMALL, "probe_every": 4, "consensus": 8, "patience": 8, "warmup": 8}, number=1)
-    assert never["tokens_total"] == sc["tokens_total"] and never["acc"] == sc["acc"]
-    assert never["tokens_total_vs_sc"] == 1.0 and never["agree_with_sc"] == 1.0
+    assert never["tokens_total_no_probe"] == sc["tokens_total"] and never["acc"] == sc["acc"]
+    assert never["tokens_total_vs_sc_no_probe"] == 1.0 and never["agree_with_sc"] == 1.0
+    # its probes are pure overhead: counted, it costs more than self-consistency
+    assert never["tokens_total"] == sc["tokens_total"] + never["probe_tokens"] and never["tokens_total_vs_sc"] > 1.0
 
 
 def test_probe_every_must_be_a_multiple_of_the_grid(tiny, tmp_path: Path):
@@ -120,3 +127,25 @@ def test_probe_every_must_be_a_multiple_of_the_grid(tiny, tmp_path: Path):
 
     with pytest.raises(ConfigError, match="probe_every"):
         ParallelProbe().transform(tiny.copy(), {**SMALL, "probe_every": 6}, TrialContext(seed=0, workdir=tmp_path))
+
+
+def test_recorded_branch_decode_time_loses_only_the_probes_forwards(tiny, monkeypatch: pytest.MonkeyPatch):
+    """Work around a probe that is not a forward (here a 0.2 s pause) stays out of the branch decode time."""
+    import time
+
+    from paretolab.plugins.parallel_probe import traces
+
+    real_probe = traces._probe
+
+    def slow_probe(*args, **kwargs):
+        out = real_probe(*args, **kwargs)
+        time.sleep(0.2)
+        return out
+
+    monkeypatch.setattr(traces, "_probe", slow_probe)
+    settings = traces.RecordSettings(**SMALL)
+    recording = traces.record(tiny.model, [[5, 6, 7], [8, 9]], stop_ids=[], probe_stop_ids=[], cue_ids=CUE, max_new_tokens=12, settings=settings)
+    rounds = 12 // settings.probe_grid - 1  # probed at 4 and 8 tokens; the branches end at 12
+    assert recording.probe_s >= 0.2 * rounds
+    # subtracting the probes' wall time (pauses included) would leave less than nothing
+    assert 0 < recording.decode_s < recording.probe_s

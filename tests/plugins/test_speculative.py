@@ -93,6 +93,19 @@ def test_stop_ids_end_the_output_like_greedy(tiny):
     assert out.sequences[0] == expected == full[: full.index(stop) + 1]
 
 
+def test_mean_accepted_len_counts_up_to_the_stop_token(tiny):
+    """A perfect draft of 6 whose block holds the stop token at its 3rd place emits 3 tokens that round, not 7."""
+    with torch.no_grad():  # louder layers, so the random model stops repeating its last token
+        for p in tiny.model.model.layers.parameters():
+            p.mul_(8)
+    full = generate(tiny, PROMPTS[:1], max_new_tokens=20).sequences[0]
+    stop = full[3]  # the prefill emits full[0]; the first round's block then holds full[1:8]
+    assert stop not in full[:3]
+    out = SpeculativeGenerator(LayerSkipDrafter(skip=()), 6).generate(tiny, PROMPTS[:1], max_new_tokens=20, stop_ids=[stop])
+    assert out.sequences[0] == full[:4]
+    assert out.stats["mean_accepted_len"] == 3.0  # full[1], full[2], the stop; what follows it is never output
+
+
 def test_skipping_a_layer_changes_the_draft_not_the_output():
     from paretolab.models import TinyLlama
 

@@ -54,3 +54,24 @@ def test_measure_reports_the_four_metrics_quickly(hf: Any, tmp_path: Path) -> No
     assert set(metrics) == {"tok_encode_mb_s", "tok_stream_p50_ms", "tok_stream_p99_ms", "tok_worst_ns_per_byte"}
     assert all(v > 0 for v in metrics.values())
     assert metrics["tok_stream_p50_ms"] <= metrics["tok_stream_p99_ms"]
+
+
+def test_throughput_is_timed_once_on_first_seen_text_and_the_worst_case_has_every_punctuation_run(hf: Any, monkeypatch: Any) -> None:
+    import string
+
+    from paretolab.plugins.incremental_bpe import IncrementalBPE, _PATHOLOGICAL, measure_tokenizer
+
+    calls: list[tuple[int, int]] = []  # (engine, text length) of every encode
+    real = IncrementalBPE.encode
+
+    def spy(self: IncrementalBPE, text: str) -> list[int]:
+        calls.append((id(self), len(text)))
+        return real(self, text)
+
+    monkeypatch.setattr(IncrementalBPE, "encode", spy)
+    given = IncrementalBPE.from_hf(hf)
+    measure_tokenizer(given)
+    first_engine, first_len = calls[0]
+    assert first_engine != id(given), "a warm engine would time its word cache, not the text"
+    assert first_len > 100_000 and [n for _, n in calls].count(first_len) == 1  # long, encoded once
+    assert all(ch * 20_000 in _PATHOLOGICAL for ch in string.punctuation)

@@ -1,0 +1,66 @@
+"""Every task and measure makes its tensors on the model's device (the contract's meta check, no method)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from paretolab.options import parse_options
+from paretolab.plugin_manager import registries
+from paretolab.testing import tensors_default_to
+
+GSM8K_ROWS = [
+    {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+    {"question": "What is 6 times 7?", "answer": "6 * 7 = 42\n#### 42"},
+]
+FILES: dict[str, list[dict[str, Any]]] = {  # small data files for the data-backed tasks
+    "mc.jsonl": [{"query": "The sky is", "choices": ["blue", "loud"], "gold": 0}],
+    "gsm8k.jsonl": GSM8K_ROWS,
+    "kv.jsonl": [{"context": "key 12 has value 345. key 9 has value 88. The value of key 9 is", "answer": "88"}],
+}
+# cheap options per task
+TASKS: dict[str, dict[str, Any]] = {
+    "perplexity": {"max_tokens": 256, "context": 64, "stride": 32},
+    "multiple_choice": {"dataset": "{tmp}/mc.jsonl", "limit": 1},
+    "arithmetic": {"limit": 2, "max_new_tokens": 4},
+    "gsm8k": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
+    "qa": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
+    "kv_retrieval": {"path": "{tmp}/kv.jsonl", "limit": 1, "max_new_tokens": 4},
+}
+MEASURES: dict[str, dict[str, Any]] = {
+    "latency": {"prompt_tokens": 16, "new_tokens": 2, "repeats": 1, "warmup": 0},
+    "depth_probe": {"max_tokens": 128, "seq_len": 64},
+}
+
+
+def test_every_task_and_measure_is_listed() -> None:
+    regs = registries()
+    assert {t.name for t in regs.tasks} <= set(TASKS), "give the new task cheap options in TASKS"
+    assert {m.name for m in regs.measures} - {"params", "size"} <= set(MEASURES), "give the new measure cheap options in MEASURES"
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_task_makes_tensors_on_the_model_device(name: str, tiny, ctx, tmp_path) -> None:
+    for file, rows in FILES.items():
+        (tmp_path / file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    task = registries().tasks.get(name)
+    given = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in TASKS[name].items()}
+    options = parse_options(task.options, given, where="task")
+    with tensors_default_to("meta"):
+        metrics = task.evaluate(tiny, options, ctx)
+    assert metrics
+
+
+@pytest.mark.parametrize("name", sorted(m.name for m in registries().measures))
+def test_measure_makes_tensors_on_the_model_device(name: str, ctx) -> None:
+    from paretolab.models import TinyLlama
+
+    tiny = TinyLlama(layers=3).load()  # the depth fit needs three layers
+    measure = registries().measures.get(name)
+    options = parse_options(measure.options, MEASURES.get(name, {}), where=f"measures.{name}")
+    with tensors_default_to("meta"):
+        metrics = measure.measure(tiny, options, ctx)
+    assert metrics
+

@@ -1,0 +1,50 @@
+"""Every registered method makes its tensors on the model's device (the contract's meta check, cheap params)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from paretolab.plugin_manager import registries
+from paretolab.testing import check_tensor_devices
+
+CALIB = {"calib_samples": 2, "calib_seq_len": 32}
+# Small settings per method so the check runs in seconds; the defaults fill in the rest.
+CHEAP: dict[str, dict[str, Any]] = {
+    "cat": {**CALIB, "block": 16, "sqnr_tokens": 16},
+    "catq": {**CALIB, "steps": 2, "group_size": 32},
+    "layerdrop": {**CALIB, "k": 1},
+    "macko": {**CALIB},
+    "wanda": {**CALIB},
+    "psumquant": {**CALIB, "tile": 32, "fit_tokens": 32, "sqnr_tokens": 16},
+    "parallel_probe": {"n_branches": 2, "questions_per_batch": 2},
+    "self_consistency": {"n_branches": 2, "questions_per_batch": 2},
+    "speculative": {"draft": "self", "k": 2, "skip": 1, "prompts": 1, "new_tokens": 4, "prompt_tokens": 16, **CALIB},
+    "token_sparse_attention": {"window": 4, "min_tokens": 8, "kernel_size": 3},
+    "rtn": {"group_size": 32},
+    "absmean_ternary": {"group_size": 32},
+}
+
+
+# extra runs of one method with other settings, for code paths the defaults do not reach
+VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("cat-hadamard", "cat", {**CHEAP["cat"], "transform": "hadamard"}),
+]
+# tokenizer methods make no model tensors and need a real BPE tokenizer (incremental_bpe's own tests use SmolLM2's)
+NO_MODEL_TENSORS = {"incremental_bpe"}
+
+
+def _cases() -> list[Any]:
+    skip = pytest.mark.skip(reason="tokenizer method: no model tensors")
+    cases = [
+        pytest.param(m.name, CHEAP.get(m.name, {}), id=m.name, marks=[skip] if m.name in NO_MODEL_TENSORS else [])
+        for m in sorted(registries().methods, key=lambda m: m.name)
+    ]
+    return cases + [pytest.param(method, params, id=case) for case, method, params in VARIANTS]
+
+
+@pytest.mark.parametrize(("method_name", "params"), _cases())
+def test_method_makes_tensors_on_the_model_device(method_name: str, params: dict[str, Any], tiny) -> None:
+    method = registries().methods.get(method_name)
+    check_tensor_devices(method, tiny, {**method.defaults(), **params})
