@@ -10,6 +10,7 @@ errors and says so.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ Fetch = Callable[[str], "dict[str, Any] | None"]
 
 def artifact_reader(tracking_uri: str) -> Fetch:
     """run id -> its ``per_example.json`` payload (None when the run has none), read once per run."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per trial would drown the report
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
