@@ -107,8 +107,10 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
     objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]
     from paretolab.store_open import exists, guarded
 
-    client = MlflowClient(tracking_uri=stores.tracking_uri)
-    experiment = guarded("MLflow", stores.tracking_uri, lambda: client.get_experiment_by_name(name)) if exists(stores.tracking_uri) else None
+    experiment = None
+    if exists(stores.tracking_uri):
+        client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
+        experiment = guarded("MLflow", stores.tracking_uri, lambda: client.get_experiment_by_name(name))
     runs = {}
     if experiment is not None:
         for run in client.search_runs([experiment.experiment_id], "tags.`paretolab.role` = 'trial'", max_results=50_000):

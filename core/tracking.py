@@ -31,9 +31,9 @@ class Tracker:
         from paretolab.ownership import creating_stores
         from paretolab.store_open import guarded
 
-        self.client = MlflowClient(tracking_uri=stores.tracking_uri)
         self.study = study
         with guarded("MLflow", stores.tracking_uri, lambda: creating_stores(stores.tracking_uri)):  # MLflow migrates an empty database on first use: one process at a time
+            self.client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
             experiment = guarded("MLflow", stores.tracking_uri, lambda: self.client.get_experiment_by_name(study))
             if experiment is None:
                 self.experiment_id = self.client.create_experiment(study, artifact_location=_artifact_location(stores, study))
