@@ -3,8 +3,9 @@
 The driver enqueues what ``Proposer.next`` returns and asks Optuna for it, so the study records
 exactly the proposed set. The sampler proposes on an in-memory mirror of the study's trials,
 made with a sampler seeded by the new trial's number: a resumed or extended study continues
-its sequence instead of replaying it, and in a discrete space a set that any earlier trial
-had is drawn again (up to ``RETRIES`` times), then replaced by an untried point.
+its sequence instead of replaying it. A set that an earlier trial had is drawn again (up to
+``RETRIES`` times); in a discrete space it is then replaced by an untried point, and once every
+point has run the study stops there.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Proposer:
             trial = mirror.ask()
             plan_trial(trial, self.spec)
             params = dict(trial.params)
-            if self.size is None or params_key(params) not in self.seen:
+            if params_key(params) not in self.seen:  # also in a mixed space: a categorical branch repeats easily
                 return params
             mirror.tell(trial, state=optuna.trial.TrialState.FAIL)  # the mirror only: the sampler moves on
         return self._untried(number) or params
