@@ -73,7 +73,9 @@ class Proposer:
         mirror = optuna.create_study(directions=self.study.directions, sampler=make_sampler(self.spec, number))
         mirror.add_trials([t for t in self.study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING])
         params: dict[str, Any] = {}
-        for _ in range(RETRIES):
+        for attempt in range(2 * RETRIES):
+            if attempt == RETRIES:  # the sampler keeps exploiting one point: explore at random instead
+                mirror.sampler = optuna.samplers.RandomSampler(seed=trial_seed(self.spec.search.seed, number))
             trial = mirror.ask()
             plan_trial(trial, self.spec)
             params = dict(trial.params)
