@@ -291,7 +291,7 @@ def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None
     return None
 
 
-def _open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None) -> optuna.Study:
+def _open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None = None) -> optuna.Study:
     storage = optuna_storage(stores, create=True)
     directions = [o.direction for o in spec.objectives]
     sampler = optuna.samplers.RandomSampler()  # never asked: every trial is enqueued by the Proposer
