@@ -55,12 +55,9 @@ def run(spec: StudySpec, sampler: str, trials: int, seed: int, plain: bool = Fal
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=make_sampler(spec) if plain else None)
     proposer = None if plain else Proposer(spec, study)
     for _ in range(trials):
-        if proposer is not None:
-            params = proposer.next()
-            if params is None:
-                break
-            study.enqueue_trial(params)
-        trial = study.ask()
+        trial = proposer.ask() if proposer is not None else study.ask()
+        if trial is None:
+            break
         study.tell(trial, list(objective(plan_trial(trial, spec))))
     keys = [params_key(t.params) for t in study.trials]
     return [tuple(t.values) for t in study.trials], len(keys) - len(set(keys))

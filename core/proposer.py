@@ -37,6 +37,7 @@ class Proposer:
         self.points = points
         self.size = len(points) if points is not None else space_size(spec)
         self._next_point = 0
+        self._attrs: dict[str, Any] = {}
         self.seen: set[tuple] = set()
         for t in study.get_trials(deepcopy=False):
             fixed = t.system_attrs.get("fixed_params") if t.state == optuna.trial.TrialState.WAITING else None
@@ -46,6 +47,17 @@ class Proposer:
     def exhausted(self) -> bool:
         """Every distinct parameter set of a discrete space has been tried."""
         return self.size is not None and len(self.seen) >= self.size
+
+    def ask(self) -> optuna.Trial | None:
+        """Enqueue the next proposal and ask the study for it; None when nothing untried is left."""
+        params = self.next()
+        if params is None:
+            return None
+        self.study.enqueue_trial(params)
+        trial = self.study.ask()
+        for key, value in self._attrs.items():  # the sampler's own bookkeeping, e.g. NSGA-II's generation
+            self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        return trial
 
     def next(self) -> dict[str, Any] | None:
         """Parameters for the next trial, or None when every point of a discrete space has run."""
@@ -80,8 +92,11 @@ class Proposer:
             plan_trial(trial, self.spec)
             params = dict(trial.params)
             if params_key(params) not in self.seen:  # also in a mixed space: a categorical branch repeats easily
+                attrs = mirror._storage.get_trial(trial._trial_id).system_attrs
+                self._attrs = {k: v for k, v in attrs.items() if k != "fixed_params"}
                 return params
             mirror.tell(trial, state=optuna.trial.TrialState.FAIL)  # the mirror only: the sampler moves on
+        self._attrs = {}
         return self._untried(number) or params
 
     def _untried(self, number: int) -> dict[str, Any] | None:

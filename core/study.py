@@ -180,13 +180,12 @@ def _drive(
                 elif waiting:
                     trial, attempt, waiting = study.ask(), 1, waiting - 1
                 else:
-                    params = proposer.next()
-                    if params is None:  # a discrete space with no untried point left
+                    proposed = proposer.ask()
+                    if proposed is None:  # a discrete space with no untried point left
                         log(f"every one of the {proposer.size} distinct parameter sets has run; stopping at {done + len(in_flight)} trials")
                         target = done + len(in_flight)
                         break
-                    study.enqueue_trial(params)
-                    trial, attempt = study.ask(), 1
+                    trial, attempt = proposed, 1
                 plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
                 worker = pool.take()
                 hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))

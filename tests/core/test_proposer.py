@@ -21,11 +21,9 @@ def drive(study: optuna.Study, spec, n: int) -> None:
     """What the driver does per trial, with a made-up objective: propose, enqueue, ask, plan, tell."""
     proposer = Proposer(spec, study)  # a new one per call: a resumed or extended study
     for _ in range(n):
-        params = proposer.next()
-        if params is None:
+        trial = proposer.ask()
+        if trial is None:
             return
-        study.enqueue_trial(params)
-        trial = study.ask()
         plan_trial(trial, spec)
         bits = trial.params.get("rtn.bits", 16)
         study.tell(trial, [1.0 / bits + trial.params.get("magnitude.sparsity", 0.0), float(bits)])
@@ -52,8 +50,11 @@ def test_a_discrete_space_gets_no_duplicate_until_it_is_exhausted(sampler):
 
 
 def test_nsga2_population_leaves_room_for_generations():
-    sampler = make_sampler(parse_spec(broken("search", {"sampler": "nsga2", "trials": 14})))
-    assert sampler._population_size == 7
+    spec = parse_spec(broken("search", {"sampler": "nsga2", "trials": 14}))
+    assert make_sampler(spec)._population_size == 7
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    drive(study, spec, 14)  # the generation NSGA-II gives a trial reaches the study, so it breeds a second one
+    assert [t.system_attrs.get("NSGAIISampler:generation") for t in study.trials] == [0] * 7 + [1] * 7
 
 
 def test_a_grid_is_handed_out_in_order_and_its_size_is_the_trial_count():
