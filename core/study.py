@@ -80,7 +80,7 @@ def run_study(
     """
     points = grid_points(spec) if spec.search.sampler == "grid" else None
     if points is not None:
-        trials = _grid_trials(spec, points, trials, log)
+        _grid_trials(spec, points, trials, log)
     if address:
         require_reachable("--address", address)
     lock = guarded("Optuna", stores.optuna_url, lambda: own_study(stores.optuna_url, spec.name))
@@ -121,7 +121,7 @@ def _drive(
     from paretolab.tracking import Tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    target = trials or spec.search.trials
+    target = len(points) if points is not None else trials or spec.search.trials
     study = _open_study(spec, stores, resume, trials)
     outcome = StudyOutcome(study=spec.name, planned=target)
     tracker = Tracker(stores, spec.name)
