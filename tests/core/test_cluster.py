@@ -252,7 +252,8 @@ def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
 
 def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_path):
     pg, server, cluster = services
-    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 6, "seed": 3})
+    # long enough (5 rounds of 4-5 s on 4 workers) to outlast the second job's start-up
+    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 20, "seed": 3})
     first = submit(cluster, pipeline, cwd=tmp_path)
     wait_for(lambda: running_trials(pg, "live") >= 1, timeout=300, interval=0.5)
     second = submit(cluster, pipeline, cwd=tmp_path)  # its driver runs `paretolab run --resume` while the first lives
@@ -260,7 +261,7 @@ def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_pa
     logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
     assert "study 'live' is being run by another driver (host " in logs
     assert wait_job(cluster, first, tmp_path) == "SUCCEEDED"
-    assert counts(pg, server, "live", planned=6, retried=0) == {"planned": 6, "completed": 6, "failed": 0, "retried": 0, "lost": 0}
+    assert counts(pg, server, "live", planned=20, retried=0) == {"planned": 20, "completed": 20, "failed": 0, "retried": 0, "lost": 0}
 
 
 def test_a_worker_node_leaving_mid_study_is_survived(services, tmp_path):
