@@ -252,16 +252,18 @@ def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
 
 def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_path):
     pg, server, cluster = services
-    # long enough (5 rounds of 4-5 s on 4 workers) to outlast the second job's start-up
-    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 20, "seed": 3})
+    # one worker, 16 trials of 4-5 s: long enough to outlast the second job's start-up
+    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 16, "seed": 3},
+                              resources={"cpus": 1, "workers": 1})
     first = submit(cluster, pipeline, cwd=tmp_path)
     wait_for(lambda: running_trials(pg, "live") >= 1, timeout=300, interval=0.5)
     second = submit(cluster, pipeline, cwd=tmp_path)  # its driver runs `paretolab run --resume` while the first lives
-    assert wait_job(cluster, second, tmp_path) == "FAILED"
+    ended = wait_job(cluster, second, tmp_path)
     logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
+    assert ended == "FAILED", logs
     assert "study 'live' is being run by another driver (host " in logs
     assert wait_job(cluster, first, tmp_path) == "SUCCEEDED"
-    assert counts(pg, server, "live", planned=20, retried=0) == {"planned": 20, "completed": 20, "failed": 0, "retried": 0, "lost": 0}
+    assert counts(pg, server, "live", planned=16, retried=0) == {"planned": 16, "completed": 16, "failed": 0, "retried": 0, "lost": 0}
 
 
 def test_a_worker_node_leaving_mid_study_is_survived(services, tmp_path):
