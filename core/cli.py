@@ -170,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _stores(args: argparse.Namespace) -> Any:
+def _stores(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """The stores the flags name; only `run` (create=True) may create them."""
     from paretolab.stores import resolve_stores
 
-    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri)
+    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri, create=create)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -187,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from paretolab.models import check_model
 
         check_model(spec.model)
-    stores = _stores(args)
+    stores = _stores(args, create=True)
     outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed, progress=not args.no_progress)
     rows = frontier_rows(spec.name, stores)
     if args.json:

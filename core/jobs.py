@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from paretolab.errors import ConfigError, ParetolabError
+from paretolab.reach import require_reachable
 from paretolab.ray_auth import is_auth_error, token_help, use_token_if_present
 from paretolab.stores import OPTUNA_ENV, TRACKING_ENV, has_password, redact
 
@@ -58,6 +59,7 @@ def jobs_address(address: str | None) -> str:
 def client(address: str | None) -> Any:
     """A JobSubmissionClient for the head, presenting this machine's token when there is one."""
     url = jobs_address(address)
+    require_reachable("--address", url)
     use_token_if_present()
     from ray.job_submission import JobSubmissionClient
 

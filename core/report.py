@@ -15,11 +15,20 @@ from paretolab.stores import Stores
 
 
 def load_study(name: str, stores: Stores) -> optuna.Study:
+    """Study ``name``, read only: a missing store is an error, never created."""
+    from paretolab.store_open import guarded, optuna_storage
+
+    from paretolab.store_open import exists, sqlite_file
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not exists(stores.optuna_url):
+        raise ConfigError(f"no study {name!r}: nothing has run with these stores yet (no {sqlite_file(stores.optuna_url)}); "
+                          "check --home / --storage, or run its pipeline first")
+    storage = optuna_storage(stores, create=False)
     try:
-        return optuna.load_study(study_name=name, storage=stores.optuna_url)
+        return guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=name, storage=storage))
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(stores.optuna_url)]
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         import difflib
 
         close = difflib.get_close_matches(name, names, n=1)
@@ -90,10 +99,15 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
 
 
 def study_summaries(stores: Stores) -> list[dict[str, Any]]:
+    from paretolab.store_open import exists, guarded, optuna_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not exists(stores.optuna_url):
+        return []  # nothing has run with these stores: nothing to list, and nothing is created
+    storage = optuna_storage(stores, create=False)
     out = []
-    for summary in optuna.get_all_study_summaries(stores.optuna_url, include_best_trial=False):
-        study = optuna.load_study(study_name=summary.study_name, storage=stores.optuna_url)
+    for summary in guarded("Optuna", stores.optuna_url, lambda: optuna.get_all_study_summaries(storage, include_best_trial=False)):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False)
         count = {s: sum(1 for t in trials if t.state == s) for s in optuna.trial.TrialState}
         last = max((t.datetime_complete or t.datetime_start for t in trials if t.datetime_start), default=None)
@@ -143,8 +157,12 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
 
     study = load_study(name, stores)
     objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]
-    client = MlflowClient(tracking_uri=stores.tracking_uri)
-    experiment = client.get_experiment_by_name(name)
+    from paretolab.store_open import exists, guarded
+
+    experiment = None
+    if exists(stores.tracking_uri):
+        client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
+        experiment = guarded("MLflow", stores.tracking_uri, lambda: client.get_experiment_by_name(name))
     runs = {}
     if experiment is not None:
         for run in client.search_runs([experiment.experiment_id], "tags.`paretolab.role` = 'trial'", max_results=50_000):

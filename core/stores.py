@@ -38,21 +38,36 @@ class Stores:
         return Stores(redact(self.optuna_url), redact(self.tracking_uri), self.artifact_root and redact(self.artifact_root))
 
 
-def resolve_stores(*, home: str | None = None, optuna_url: str | None = None, tracking_uri: str | None = None) -> Stores:
-    """Flags win over environment, then the config file, then the default SQLite files under ``.paretolab/``."""
+def resolve_stores(*, home: str | None = None, optuna_url: str | None = None, tracking_uri: str | None = None, create: bool = True) -> Stores:
+    """Flags win over environment, then the config file, then the default SQLite files under ``.paretolab/``.
+
+    ``create=False`` (the read-only commands) leaves a missing home folder missing.
+    """
     config = read_config()
     root = Path(home or os.environ.get(STORE_DIR_ENV) or config.get("home") or ".paretolab").expanduser().resolve()
     optuna_url = optuna_url or os.environ.get(OPTUNA_ENV) or config.get("optuna_storage")
     tracking_uri = tracking_uri or os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI") or config.get("tracking_uri")
     artifact_root = os.environ.get(ARTIFACT_ENV) or config.get("artifact_root")
-    if not optuna_url or not tracking_uri:
-        root.mkdir(parents=True, exist_ok=True)
+    if (not optuna_url or not tracking_uri) and create:
+        _make_home(root)
     if not optuna_url:
         optuna_url = f"sqlite:///{root / 'optuna.db'}"
     if not tracking_uri:
         tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
         artifact_root = artifact_root or (root / "artifacts").as_uri()
     return Stores(optuna_url=optuna_url, tracking_uri=tracking_uri, artifact_root=artifact_root)
+
+
+def _make_home(root: Path) -> None:
+    """Create the home folder, or say in one line why it can't be used."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--home {root}: is a file, not a folder; point --home (or {STORE_DIR_ENV}) at a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--home {root}: cannot create it ({exc.strerror}); point --home (or {STORE_DIR_ENV}) at a folder you can write") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ConfigError(f"--home {root}: not writable; point --home (or {STORE_DIR_ENV}) at a folder you can write, or fix its permissions")
 
 
 def read_config() -> dict[str, str]:

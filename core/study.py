@@ -22,8 +22,12 @@ import optuna
 
 from paretolab.errors import ConfigError, ParetolabError
 from paretolab.pool import WorkerPool
-from paretolab.search import StagePlan, grid_points, make_sampler, plan_trial
+from paretolab.ownership import own_study
+from paretolab.proposer import Proposer, params_key
+from paretolab.reach import require_reachable
+from paretolab.search import StagePlan, grid_points, plan_trial
 from paretolab.spec import StudySpec
+from paretolab.store_open import guarded, optuna_storage
 from paretolab.stores import Stores
 from paretolab.trial import TrialInfo, TrialResult, TrialSettings
 
@@ -68,9 +72,48 @@ def run_study(
 ) -> StudyOutcome:
     """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed).
 
+    Everything that can be refused is refused before a store is written: the grid, ``--address``,
+    and a study another live driver owns (StudyOwnedError naming it). This driver then owns the
+    study until it returns or dies, so a RUNNING trial it finds was left by a driver that is gone.
     ``retry_failed`` queues the parameters of failed trials again (those no complete trial has),
     as new trials on top of the target; the failed ones stay in the history.
     """
+    points = grid_points(spec) if spec.search.sampler == "grid" else None
+    if points is not None:
+        _grid_trials(spec, points, trials, log)
+    if address:
+        require_reachable("--address", address)
+    lock = guarded("Optuna", stores.optuna_url, lambda: own_study(stores.optuna_url, spec.name))
+    try:
+        return _drive(spec, stores=stores, address=address, resume=resume, trials=trials, retry_failed=retry_failed,
+                      progress=progress, log=log, points=points)
+    finally:
+        lock.release()
+
+
+def _grid_trials(spec: StudySpec, points: list[dict[str, Any]], trials: int | None, log: Any) -> int:
+    """A grid runs each of its points once: its size is the trial count."""
+    if trials is not None and trials != len(points):
+        raise ConfigError(f"--trials {trials}: a grid study runs each of its {len(points)} points once; drop --trials")
+    if spec.search.trials != len(points):
+        log(f"warning: search.trials is {spec.search.trials} but the grid has {len(points)} points; "
+            f"the study runs {len(points)} trials (set search.trials: {len(points)} to silence this)")
+    return len(points)
+
+
+def _drive(
+    spec: StudySpec,
+    *,
+    stores: Stores,
+    address: str | None = None,
+    resume: bool = False,
+    trials: int | None = None,
+    retry_failed: bool = False,
+    progress: bool = True,
+    log: Any = print,
+    points: list[dict[str, Any]] | None = None,
+) -> StudyOutcome:
+    """The driver loop of run_study, under the study's lock."""
     _ray_auth_env(address)
     import ray
 
@@ -78,10 +121,11 @@ def run_study(
     from paretolab.tracking import Tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    target = trials or spec.search.trials
-    study = _open_study(spec, stores, resume)
+    target = len(points) if points is not None else trials or spec.search.trials
+    study = _open_study(spec, stores, resume, trials)
     outcome = StudyOutcome(study=spec.name, planned=target)
     tracker = Tracker(stores, spec.name)
+    proposer = Proposer(spec, study, points)
     parent = tracker.study_run(_study_tags(spec), {"pipeline": spec.raw})
     regs = registries()
     hooks = plugin_manager().hook
@@ -94,6 +138,10 @@ def run_study(
             target = max(target, done) + again
             outcome.planned = target
             log(f"retrying the parameters of {again} failed trial(s)")
+    waiting = _count(study, optuna.trial.TrialState.WAITING)  # asked-for repeats (--retry-failed) go first
+    if proposer.exhausted and not waiting and done < target:
+        log(f"every one of the {proposer.size} distinct parameter sets of the search space has run; nothing new to try")
+        target = done
     if done >= target and not redo:
         log(f"study {spec.name!r} already has {done} finished trials (target {target}); nothing to do")
         return outcome
@@ -129,8 +177,15 @@ def run_study(
             while pool.idle and (redo or done + len(in_flight) < target):
                 if redo:
                     trial, attempt = redo.pop(0)
+                elif waiting:
+                    trial, attempt, waiting = study.ask(), 1, waiting - 1
                 else:
-                    trial, attempt = study.ask(), 1
+                    proposed = proposer.ask()
+                    if proposed is None:  # a discrete space with no untried point left
+                        log(f"every one of the {proposer.size} distinct parameter sets has run; stopping at {done + len(in_flight)} trials")
+                        target = done + len(in_flight)
+                        break
+                    trial, attempt = proposed, 1
                 plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
                 worker = pool.take()
                 hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
@@ -235,22 +290,19 @@ def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None
     return None
 
 
-def _open_study(spec: StudySpec, stores: Stores, resume: bool) -> optuna.Study:
-    storage = optuna.storages.RDBStorage(stores.optuna_url, heartbeat_interval=None)
+def _open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None = None) -> optuna.Study:
+    storage = optuna_storage(stores, create=True)
     directions = [o.direction for o in spec.objectives]
+    sampler = optuna.samplers.RandomSampler()  # never asked: every trial is enqueued by the Proposer
     try:
-        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
+        study = guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler))
     except KeyError:
-        study = optuna.create_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec), directions=directions)
+        study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, directions=directions)
         study.set_user_attr("pipeline_hash", spec.pipeline_hash())
         study.set_user_attr("objectives", [[o.metric, o.direction] for o in spec.objectives])
         study.set_user_attr("model", spec.model)
         study.set_user_attr("methods", spec.methods())
         study.set_user_attr("pipeline", spec.raw)
-        if spec.search.sampler == "grid":
-            points = grid_points(spec)
-            for point in points:
-                study.enqueue_trial(point, skip_if_exists=True)
         return study
     stored = study.user_attrs.get("pipeline_hash")
     if not spec.matches_hash(stored):
@@ -259,10 +311,17 @@ def _open_study(spec: StudySpec, stores: Stores, resume: bool) -> optuna.Study:
             f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"
         )
     if not resume and study.trials:
-        raise ConfigError(
-            f"study {spec.name!r} already has {len(study.trials)} trial(s) in {stores.redacted().optuna_url}; "
-            "pass --resume to continue it (or --trials N to extend it), or give the pipeline a new `name`"
-        )
+        finished = _finished_count(study)
+        if trials is None:
+            raise ConfigError(
+                f"study {spec.name!r} already has {len(study.trials)} trial(s) in {stores.redacted().optuna_url}; "
+                f"pass --resume to continue it, --trials N (N > {finished}) to extend it, or give the pipeline a new `name`"
+            )
+        if trials <= finished:
+            raise ConfigError(
+                f"--trials {trials}: study {spec.name!r} already holds {finished} finished trial(s); "
+                f"give a larger N to extend it (--trials is the total, e.g. --trials {finished + spec.search.trials})"
+            )
     return study
 
 
@@ -291,19 +350,15 @@ def _stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, outcome: S
 def _requeue_failed(study: optuna.Study) -> int:
     """Enqueue the params of each failed trial that no complete or waiting trial has; how many."""
     trials = study.get_trials(deepcopy=False)
-    seen = {_key(t.params) for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
-    seen |= {_key(t.system_attrs.get("fixed_params", {})) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+    seen = {params_key(t.params) for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+    seen |= {params_key(t.system_attrs.get("fixed_params", {})) for t in trials if t.state == optuna.trial.TrialState.WAITING}
     count = 0
     for t in trials:
-        if t.state == optuna.trial.TrialState.FAIL and t.params and _key(t.params) not in seen:
+        if t.state == optuna.trial.TrialState.FAIL and t.params and params_key(t.params) not in seen:
             study.enqueue_trial(dict(t.params))
-            seen.add(_key(t.params))
+            seen.add(params_key(t.params))
             count += 1
     return count
-
-
-def _key(params: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def _finished_count(study: optuna.Study) -> int:

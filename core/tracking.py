@@ -28,13 +28,17 @@ class Tracker:
         for name in ("alembic", "mlflow", "mlflow.store.db.utils"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
-        self.client = MlflowClient(tracking_uri=stores.tracking_uri)
+        from paretolab.ownership import creating_stores
+        from paretolab.store_open import guarded
+
         self.study = study
-        experiment = self.client.get_experiment_by_name(study)
-        if experiment is None:
-            self.experiment_id = self.client.create_experiment(study, artifact_location=_artifact_location(stores, study))
-        else:
-            self.experiment_id = experiment.experiment_id
+        with guarded("MLflow", stores.tracking_uri, lambda: creating_stores(stores.tracking_uri)):  # MLflow migrates an empty database on first use: one process at a time
+            self.client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
+            experiment = guarded("MLflow", stores.tracking_uri, lambda: self.client.get_experiment_by_name(study))
+            if experiment is None:
+                self.experiment_id = self.client.create_experiment(study, artifact_location=_artifact_location(stores, study))
+            else:
+                self.experiment_id = experiment.experiment_id
 
     def study_run(self, tags: dict[str, str], params: dict[str, Any]) -> str:
         """The study's parent run, created once and reused on resume."""

@@ -98,6 +98,11 @@ def _free_port() -> int:
 def ray_head(tmp_path_factory):
     """A real Ray head on 127.0.0.1 with 2 CPUs, shared by the study tests; stopped at the end."""
     port = _free_port()
+    # No token auth on this loopback head, and none for the drivers the tests start: otherwise a
+    # ~/.ray/auth_token that any local `ray.init()` on the machine leaves behind switches the
+    # drivers (not the head) to token mode, and every study here fails to connect.
+    previous = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
            "--include-dashboard=false", "--disable-usage-stats", "--block"]
@@ -107,6 +112,10 @@ def ray_head(tmp_path_factory):
     _wait_for_line(head, "Ray runtime started", timeout=180)
     yield f"127.0.0.1:{port}"
     stop_process_group(head)
+    if previous is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = previous
 
 
 def _wait_for_line(proc: subprocess.Popen, marker: str, timeout: float) -> None:

@@ -250,6 +250,22 @@ def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
     assert counts(pg, server, "driverkill", planned=8, retried=0) == {"planned": 8, "completed": 8, "failed": 0, "retried": 0, "lost": 0}
 
 
+def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_path):
+    pg, server, cluster = services
+    # one worker, 16 trials of 4-5 s: long enough to outlast the second job's start-up
+    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 16, "seed": 3},
+                              resources={"cpus": 1, "workers": 1})
+    first = submit(cluster, pipeline, cwd=tmp_path)
+    wait_for(lambda: running_trials(pg, "live") >= 1, timeout=300, interval=0.5)
+    second = submit(cluster, pipeline, cwd=tmp_path)  # its driver runs `paretolab run --resume` while the first lives
+    ended = wait_job(cluster, second, tmp_path)
+    logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
+    assert ended == "FAILED", logs
+    assert "study 'live' is being run by another driver (host " in logs
+    assert wait_job(cluster, first, tmp_path) == "SUCCEEDED"
+    assert counts(pg, server, "live", planned=16, retried=0) == {"planned": 16, "completed": 16, "failed": 0, "retried": 0, "lost": 0}
+
+
 def test_a_worker_node_leaving_mid_study_is_survived(services, tmp_path):
     pg, server, cluster = services
     pipeline = write_pipeline(tmp_path, name="nodeleaves", stages=SLEEPY, search={"sampler": "random", "trials": 8, "seed": 2})
