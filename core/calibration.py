@@ -58,5 +58,5 @@ def check_calibration_corpus(stages: Any, task_name: str, task_options: dict[str
                     raise CalibrationLeakError(
                         f"stages.{stage.id}.{option.method}.params.calib_corpus: {value!r} is the corpus task.corpus evaluates on "
                         f"({evaluated!r}); a method calibrated on its test text is scored on tokens it has seen. "
-                        "Calibrate on another corpus (e.g. pydoc) or evaluate on another one"
+                        f"Calibrate on another corpus (e.g. {'wikitext2' if evaluated == 'pydoc' else 'pydoc'}) or evaluate on another one"
                     )

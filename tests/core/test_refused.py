@@ -100,14 +100,14 @@ def test_bad_pipelines_are_refused_naming_field_value_and_fix(path, value, messa
 
 
 def test_an_objective_only_some_choices_report_is_refused():
-    raw = with_("stages.1.choice.1", {"method": "cat"}) | {"objectives": [{"metric": "ppl"}, {"metric": "sqnr_db"}]}
+    raw = with_("stages.1.choice.1", {"method": "cat", "params": {"calib_corpus": "wikitext2"}}) | {"objectives": [{"metric": "ppl"}, {"metric": "sqnr_db"}]}
     with pytest.raises(ConfigError, match="'sqnr_db' would be missing from trials: only some choices of stage 'stage1' report it"):
         parse_spec(raw)
 
 
 def test_the_good_pipeline_and_an_objective_a_method_declares_are_accepted():
     parse_spec(GOOD)
-    spec = parse_spec(with_("stages.1", {"method": "cat"}) | {"objectives": [{"metric": "ppl"}, {"metric": "sqnr_db", "direction": "maximize"}]})
+    spec = parse_spec(with_("stages.1", {"method": "cat", "params": {"calib_corpus": "wikitext2"}}) | {"objectives": [{"metric": "ppl"}, {"metric": "sqnr_db", "direction": "maximize"}]})
     assert [o.metric for o in spec.objectives] == ["ppl", "sqnr_db"]
     # an integer range on a float parameter means the float range, not the integers 0 and 1
     spec = parse_spec(with_("stages.0.params.sparsity", {"low": 0, "high": 0.9}))
