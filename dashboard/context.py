@@ -27,7 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def stores_from(args: argparse.Namespace) -> Stores:
-    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri)
+    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri, create=False)  # the dashboard only reads
 
 
 def ray_address(args: argparse.Namespace) -> str | None:

@@ -221,3 +221,16 @@ def test_energy_per_stage_and_provenance_with_estimates_marked(store_env):
     frontier.selectbox(key="fz").set_value("energy_j").run()
     assert "energy is an estimate" in texts(frontier)
     assert frontier.selectbox(key="fz").options[1] == "prefill_speedup"  # the ratio leads the other metrics
+
+
+def test_the_dashboard_never_creates_a_missing_home(tmp_path, monkeypatch):
+    import argparse
+
+    from paretolab.dashboard.context import stores_from
+
+    for name in ("PARETOLAB_OPTUNA_STORAGE", "PARETOLAB_TRACKING_URI", "MLFLOW_TRACKING_URI", "PARETOLAB_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "nowhere"
+    stores = stores_from(argparse.Namespace(home=str(home), storage=None, tracking_uri=None))
+    assert str(home) in stores.optuna_url
+    assert not home.exists(), "the dashboard only reads: it must not create the stores' folder"
