@@ -199,7 +199,7 @@ def test_one_gpu_trials_run_two_at_a_time_on_the_gpu_node_only(services, tmp_pat
 
 def test_a_stopped_job_leaves_every_trial_in_a_terminal_state(services, tmp_path):
     pg, server, cluster = services
-    pipeline = write_pipeline(tmp_path, name="stopme", stages=[{"method": "sleep", "params": {"seconds": 60.0}}],
+    pipeline = write_pipeline(tmp_path, name="stopme", stages=[{"method": "sleep", "params": {"seconds": {"low": 55.0, "high": 65.0}}}],
                               search={"sampler": "random", "trials": 6, "seed": 0, "trial_timeout_s": 300})
     job_id = submit(cluster, pipeline, cwd=tmp_path)
     wait_for(lambda: running_trials(pg, "stopme") >= 2, timeout=240, interval=1)

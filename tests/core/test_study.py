@@ -74,8 +74,8 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
 
     table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes,sqnr_db", cwd=tmp_path).stdout.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("| method"))
-    # no trial reported sqnr_db; sizes against the base as stored and in fp16, never only against fp32
-    assert table[header] == "| method | params | ppl | size_bytes | size ÷ stored base | size ÷ fp16 base | cost | trial |"
+    # no trial reported sqnr_db; sizes against the base as stored and in fp16, never only against fp32; n: windows behind ppl
+    assert table[header] == "| method | params | ppl | size_bytes | size ÷ stored base | size ÷ fp16 base | n | cost | trial |"
     labels = {line.split("|")[1].strip() for line in table[header + 2:] if line.startswith("|")}
     assert labels and labels <= {"magnitude", "magnitude+rtn"}
     # a whole document with every complete trial, saying which command made it
