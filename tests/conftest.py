@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 
 # Triton kernels run in the interpreter on CPU tensors unless a GPU is present; triton reads this
@@ -19,6 +21,22 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and not Path("/dev/nvidia0").exist
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def edited(raw: dict, path: str, value: object) -> dict:
+    """A deep copy of pipeline ``raw`` with the field at dotted ``path`` set to ``value`` (list items by index; KeyError deletes it)."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    *parents, last = path.split(".")
+    node: Any = raw
+    for key in parents:
+        node = node[int(key)] if key.isdigit() else node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[int(last) if last.isdigit() else last] = value
+    return raw
 
 
 def needs_data(*relative: str) -> None:

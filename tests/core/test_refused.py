@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 
@@ -11,7 +10,7 @@ import yaml
 
 from paretolab.errors import ConfigError
 from paretolab.spec import MAX_PIPELINE_BYTES, load_spec, parse_spec
-from tests.conftest import run_cli
+from tests.conftest import edited, run_cli
 
 GOOD = {
     "name": "refused",
@@ -30,13 +29,7 @@ GOOD = {
 
 def with_(path: str, value):
     """GOOD with the field at dotted ``path`` set to ``value`` (list items by index)."""
-    raw = copy.deepcopy(GOOD)
-    *parents, last = path.split(".")
-    node = raw
-    for key in parents:
-        node = node[int(key)] if key.isdigit() else node[key]
-    node[int(last) if last.isdigit() else last] = value
-    return raw
+    return edited(GOOD, path, value)
 
 
 NAN = float("nan")

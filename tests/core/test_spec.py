@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.spec import Choices, Fixed, Range, load_spec, parse_spec
+from tests.conftest import edited
 
 GOOD = {
     "name": "smoke",
@@ -24,16 +24,7 @@ GOOD = {
 
 
 def broken(path: str, value):
-    raw = copy.deepcopy(GOOD)
-    *parents, last = path.split(".")
-    node = raw
-    for key in parents:
-        node = node[int(key)] if key.isdigit() else node[key]
-    if value is KeyError:
-        del node[last]
-    else:
-        node[int(last) if last.isdigit() else last] = value
-    return raw
+    return edited(GOOD, path, value)
 
 
 def test_the_issue_example_parses_into_param_specs():
