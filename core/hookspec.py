@@ -17,7 +17,7 @@ import pluggy
 if TYPE_CHECKING:
     from paretolab.method import Method
     from paretolab.metrics import Metric
-    from paretolab.trial import TrialInfo, TrialResult
+    from paretolab.records import TrialInfo, TrialResult
 
 hookspec = pluggy.HookspecMarker("paretolab")
 

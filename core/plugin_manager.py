@@ -26,9 +26,10 @@ AUTOLOAD_ENV = "PARETOLAB_DISABLE_PLUGIN_AUTOLOAD"
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.metrics_plugin",
-    "paretolab.tasks",
-    "paretolab.generation_tasks",
-    "paretolab.retrieval_task",
+    "paretolab.tasks.perplexity",
+    "paretolab.tasks.multiple_choice",
+    "paretolab.tasks.generation",
+    "paretolab.tasks.retrieval",
     "paretolab.measures",
     "paretolab.models",
     "paretolab.plugins.baselines",

@@ -44,7 +44,8 @@ class Subject:
     - decoding methods replace ``generator`` (an object with ``generate(subject, prompts, ...)``)
       or the model's attention modules for prefill;
     - tokenizer methods replace ``tokenizer`` (and must keep its ids identical or say so);
-    - training/architecture methods change ``model`` before a training stage.
+    - training/architecture methods change ``model`` before a ``train`` stage, or attach hooks to
+      ``training`` (see :mod:`paretolab.training.hooks`) for what happens during it.
     ``info`` carries facts a method wants reported (e.g. ``bits_per_weight``);
     ``cost_is`` lists which methods' savings are simulated.
     """
@@ -60,6 +61,8 @@ class Subject:
     # whose tensor has since been replaced describes a weight that is gone and no longer applies.
     storage_owner: dict[str, weakref.ref] = field(default_factory=dict, repr=False)
     pristine_tokenizer: Any = field(default=None, repr=False, compare=False)  # kept by a base subject to undo in-place changes
+    # paretolab.training.hooks.Training: hooks training-time methods attached, tokens/FLOPs trained, the curve (None: never trained here)
+    training: Any = None
 
     def storage_of(self, param_name: str) -> TensorStorage:
         """How parameter ``param_name`` is stored (dense in its dtype unless a method said otherwise)."""
@@ -108,6 +111,7 @@ class Subject:
             storage=storage,
             info=copy.deepcopy(self.info),
             simulated_by=list(self.simulated_by),
+            training=copy.deepcopy(self.training),
         )
         for name in storage:
             owner = twin._owner(name) if name in self.storage_owner else None

@@ -7,7 +7,6 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,51 +16,11 @@ from paretolab.context import TrialContext
 from paretolab.errors import TrialError
 from paretolab.energy import EnergyMeter
 from paretolab.options import parse_options
+from paretolab.records import TrialInfo, TrialResult, TrialSettings  # noqa: F401  (re-exported: paretolab.trial.TrialResult)
 from paretolab.search import StagePlan
 from paretolab.subject import Subject, synchronize, tokenizer_state
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
-
-
-@dataclass
-class TrialInfo:
-    """What the driver knows of a trial when it starts (passed to the trial hooks)."""
-
-    study: str
-    number: int
-    plan: list[StagePlan]
-    params: dict[str, Any]
-
-
-@dataclass
-class TrialResult:
-    """What a worker sends back: metrics or the failure, timings, artifacts (as bytes)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    stage_s: dict[str, float] = field(default_factory=dict)
-    stage_energy_j: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    simulated_by: list[str] = field(default_factory=list)
-    artifacts: dict[str, bytes] = field(default_factory=dict)
-    error: str | None = None  # one line: the reason
-    traceback: str | None = None
-    worker: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-
-@dataclass
-class TrialSettings:
-    """Everything a worker needs besides the base subject (plain data, travels to Ray workers)."""
-
-    study: str
-    task: str
-    task_options: dict[str, Any]
-    measures: dict[str, dict[str, Any]] | None
-    seed: int
-    cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int) -> TrialResult:

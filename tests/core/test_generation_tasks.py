@@ -10,7 +10,7 @@ import pytest
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation
-from paretolab.generation_tasks import ARITHMETIC_LEVELS, Arithmetic, Gsm8k, QA, arithmetic_problem, extract_number, extract_text, prompt_ids
+from paretolab.tasks.generation import ARITHMETIC_LEVELS, Arithmetic, Gsm8k, QA, arithmetic_problem, extract_number, extract_text, prompt_ids
 from paretolab.options import parse_options
 from paretolab.plugin_manager import registries
 

@@ -13,7 +13,7 @@ from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation
 from paretolab.options import parse_options
-from paretolab.retrieval_task import KVRetrieval, KVRetrievalOptions, is_correct, load_rows, positions_of
+from paretolab.tasks.retrieval import KVRetrieval, KVRetrievalOptions, is_correct, load_rows, positions_of
 from paretolab.subject import Subject
 from tests.conftest import needs_data
 

@@ -80,7 +80,7 @@ def test_multiple_choice_formats_and_errors(tiny, ctx, tmp_path):
 
 def fake_scores(monkeypatch, scores: dict[str, float]) -> list[str]:
     """Score each continuation from ``scores`` (by its text) and record the contexts the task built."""
-    import paretolab.tasks as tasks
+    import paretolab.tasks.multiple_choice as tasks
 
     contexts: list[str] = []
 

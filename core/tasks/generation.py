@@ -40,7 +40,7 @@ from paretolab.hookspec import hookimpl
 from paretolab.options import option
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.subject import Subject
-from paretolab.tasks import Task
+from paretolab.tasks.base import Task
 
 PROMPTS = ("auto", "chat", "fewshot")
 _MARKER = re.compile(r"answer is|####", re.IGNORECASE)

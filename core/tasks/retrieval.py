@@ -38,7 +38,7 @@ from paretolab.hookspec import hookimpl
 from paretolab.options import option
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.subject import Subject
-from paretolab.tasks import Task
+from paretolab.tasks.base import Task
 
 POSITIONS = ("beginning", "middle", "end")
 PUNCTUATION = frozenset(string.punctuation)

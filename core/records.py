@@ -1,0 +1,51 @@
+"""The plain records that travel between the driver, the workers and the hooks.
+
+This module imports nothing of paretolab's, so the hook specifications, the trial runner and the
+plugin manager can all use these types without importing one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrialInfo:
+    """What the driver knows of a trial when it starts (passed to the trial hooks)."""
+
+    study: str
+    number: int
+    plan: list[Any]  # paretolab.search.StagePlan, one per stage
+    params: dict[str, Any]
+
+
+@dataclass
+class TrialResult:
+    """What a worker sends back: metrics or the failure, timings, artifacts (as bytes)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    stage_energy_j: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    simulated_by: list[str] = field(default_factory=list)
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+    error: str | None = None  # one line: the reason
+    traceback: str | None = None
+    worker: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class TrialSettings:
+    """Everything a worker needs besides the base subject (plain data, travels to Ray workers)."""
+
+    study: str
+    task: str
+    task_options: dict[str, Any]
+    measures: dict[str, dict[str, Any]] | None
+    seed: int
+    cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
