@@ -13,7 +13,7 @@ simulator). The controller follows their released ``ParallelESTPruningBurstMajor
 
 Ours: the probe cue is plain text (default "\\nThe answer is"; SmolLM2 has no end-of-thinking
 token) followed by up to ``answer_tokens`` greedy tokens, stopped at a newline; answers are
-read with the task's own rule (``paretolab.generation_tasks``); an unreadable answer never wins
+read with the task's own rule (``paretolab.tasks.generation``); an unreadable answer never wins
 a vote (it still counts as disagreeing for pruning); traces are recorded once per (model
 weights, prompts, budget, N, sampling, seed, probe grid, cue) with our batched loop and cached
 under ``$PARETOLAB_CACHE/traces``; a trial of either method replays them, so both methods see
@@ -44,7 +44,7 @@ from paretolab import Method, Metric, Paper, hookimpl
 from paretolab.data import encode
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation
-from paretolab.generation_tasks import answer_parser, tokens_containing
+from paretolab.tasks.generation import answer_parser, tokens_containing
 from paretolab.plugins.parallel_probe.controller import Branch, Outcome, ProbeParams, parallel_probe, self_consistency
 from paretolab.plugins.parallel_probe.traces import BranchTrace, RecordSettings, load_or_record, trace_key
 
