@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -248,7 +249,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
     columns, legend = _with_uncertainty(shown, rows, columns, stores)
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend]
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
 
 
@@ -276,6 +277,29 @@ def _provenance(rows: list[dict[str, Any]]) -> list[str]:
         how = {"nvml": "NVML (the trial's GPUs)", "rapl": "RAPL (the CPU packages)",
                "estimate": f"an estimate: CPU seconds × watts per core (default {DEFAULT_WATTS_PER_CORE} W), marked ≈"}
         lines.append("Energy: " + "; ".join(how.get(src, src) for src in sources) + ".")
+    return [*lines, ""] if lines else []
+
+
+BASE_TIMINGS = {"base_prefill_ms": "prefill", "base_decode_tok_s": "decode"}
+
+
+def _base_timings(rows: list[dict[str, Any]]) -> list[str]:
+    """How much the unmodified model's own timings, taken beside every trial, moved across the study.
+
+    The speedup columns divide by these, so this is the noise a raw time would have carried: a
+    reader sees why the table leads with ratios rather than milliseconds.
+    """
+    lines = []
+    for metric, label in BASE_TIMINGS.items():
+        values = sorted(v for r in rows if isinstance(v := r.get(metric), float))
+        if len(values) < 2:
+            continue
+        median = statistics.median(values)
+        lines.append(
+            f"The unmodified model, timed beside each of {len(values)} trials ({label}, `{metric}`): median {_cell(median)}, "
+            f"range {_cell(values[0])}–{_cell(values[-1])} (max ÷ min {values[-1] / values[0]:.2f}); "
+            "the speedup columns divide each trial's time by the one taken beside it."
+        )
     return [*lines, ""] if lines else []
 
 

@@ -34,9 +34,9 @@ def test_report_gives_provenance_size_against_stored_and_fp16_and_marks_noise_an
             "info.base_fp16_bytes": "269030016.0", "info.energy_source": "estimate"}
     rows = [
         {"trial": 0, "method": "none", "params": {}, "run_params": base, "simulated_by": "", "ppl": 10.0,
-         "prefill_speedup": 1.0, "prefill_speedup_iqr": 0.02, "size_bytes": 538060032.0, "energy_j": 40.0},
+         "prefill_speedup": 1.0, "prefill_speedup_iqr": 0.02, "size_bytes": 538060032.0, "energy_j": 40.0, "base_prefill_ms": 1000.0},
         {"trial": 1, "method": "macko", "params": {}, "run_params": base, "simulated_by": "", "ppl": 10.5,
-         "prefill_speedup": 1.3, "prefill_speedup_iqr": 0.5, "size_bytes": 169030016.0, "energy_j": 30.0},
+         "prefill_speedup": 1.3, "prefill_speedup_iqr": 0.5, "size_bytes": 169030016.0, "energy_j": 30.0, "base_prefill_ms": 2500.0},
     ]
     monkeypatch.setattr(report, "trial_table", lambda name, s: ([("ppl", "minimize"), ("prefill_speedup", "maximize")], rows))
     text = report.study_section("decode", stores, ["size_bytes", "energy_j"], frontier=False)
@@ -50,6 +50,8 @@ def test_report_gives_provenance_size_against_stored_and_fp16_and_marks_noise_an
     none = next(line for line in lines if line.startswith("| none"))
     assert "†" not in none
     assert "† spread too large to rank" in text and "≈ energy estimated" in text
+    # the dense model's own time moved 2.5x between the two trials: the reader is told, and why ratios lead
+    assert "timed beside each of 2 trials (prefill, `base_prefill_ms`): median 1,750, range 1,000–2,500 (max ÷ min 2.50)" in text
 
 
 def _stored_study(tmp_path, trials):
