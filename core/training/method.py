@@ -145,14 +145,14 @@ def check_train_stages(stages: Any, task_name: str, task_options: dict[str, Any]
             if opt.method != Train.name:
                 continue
             where = f"stages.{stage.id}.train.params"
-            for key, spec in opt.params.items():
-                for value in list(getattr(spec, "values", None) or [getattr(spec, "value", None)]):
-                    if value is not None:
-                        parse_options(TrainOptions, {key: value}, where=where)
             spec = opt.params.get("corpus")
             corpora = [Train().defaults()["corpus"]] if spec is None else list(getattr(spec, "values", None) or [getattr(spec, "value", None)])
             for corpus in corpora:
                 check_not_evaluation_corpus(str(corpus), evaluated, where=f"{where}.corpus")
+                for key, given in opt.params.items():
+                    for value in list(getattr(given, "values", None) or [getattr(given, "value", None)]):
+                        if value is not None:
+                            parse_options(TrainOptions, {"corpus": corpus, key: value}, where=where)
 
 
 def trained_dir() -> Path:
@@ -168,8 +168,9 @@ def save_trained(subject: Subject, name: str) -> Path:
         raise ConfigError(f"train.save_as: {name!r} is not a plain name; give a name like 'scratch-5m-trained'")
     target = trained_dir() / name
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".{name}.*.part"):  # left by a killed trial: never a model, removed before writing again
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = target.with_name(f".{name}.{os.getpid()}.part")
-    shutil.rmtree(tmp, ignore_errors=True)
     subject.model.save_pretrained(tmp)
     subject.tokenizer.save_pretrained(tmp)
     info = {"weights": "fp32", "trained": {k: v for k, v in training_of(subject).metrics.items()}, "from": subject.model_name}

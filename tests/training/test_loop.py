@@ -108,3 +108,54 @@ def test_a_trial_reports_the_curve_as_metric_history(tiny, small):
     assert [step for step, _ in result.history["curve.val_loss"]] == [1024, 2048, 3072, 4096]
     assert result.metrics["val_loss"] == result.history["curve.val_loss"][-1][1]
     assert "learning_curve.json" in result.artifacts and result.metrics["train_tokens"] == 4096
+
+
+def _pipeline(train_params: dict) -> dict:
+    return {"name": "t", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc"},
+            "stages": [{"method": "train", "params": train_params}], "objectives": [{"metric": "val_loss"}, {"metric": "train_flops"}]}
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"corpus": ["pydoc"]}, r"stages\.stage0\.train\.params\.corpus: 'pydoc' is the corpus task\.corpus evaluates on"),
+    ({"warmup": [0.1, 1.5]}, r"stages\.stage0\.train\.params\.warmup: 1\.5 is out of range; give a value from 0\.0 to 1\.0"),
+])
+def test_a_pipeline_is_refused_before_any_trial(train_text, params, message):
+    from paretolab.spec import parse_spec
+
+    with pytest.raises(ConfigError, match=message):
+        parse_spec(_pipeline({"corpus": train_text, **params}))
+    assert parse_spec(_pipeline({"corpus": train_text, "seed": [0, 1, 2]})).stages[0].options[0].method == "train"
+
+
+def test_training_uses_the_trials_cpus_and_stops_before_the_trial_deadline(tiny, small, tmp_path):
+    import time
+
+    from paretolab.training import TrainingHook
+
+    class Threads(TrainingHook):
+        seen: set = set()
+
+        def before_step(self, state):
+            self.seen.add(torch.get_num_threads())
+
+    hook = training_of(tiny).attach(Threads(), method="probe")
+    ctx = make_ctx(tmp_path)
+    ctx.cpus = 2
+    ctx.deadline = time.time() + 0.5  # leaves no time for 10 M tokens
+    before = torch.get_num_threads()
+    registries().methods.get("train").transform(tiny, {**small, "tokens": 10_000_000}, ctx)
+    assert hook.seen == {2} and torch.get_num_threads() == before
+    assert tiny.info["train_stopped_by"] == "trial_timeout" and tiny.training.metrics["train_tokens"] < 10_000_000
+
+
+def test_tokenized_corpus_is_cached_on_disk_by_corpus_and_tokenizer(tiny, train_text, tmp_path, monkeypatch):
+    from paretolab.training import batches
+
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(batches, "_IDS", {})
+    ids = batches.corpus_token_ids(tiny.tokenizer, train_text)
+    files = list((tmp_path / "cache" / "tokens").glob("*.pt"))
+    assert len(files) == 1 and not list((tmp_path / "cache" / "tokens").glob("*.part"))
+    monkeypatch.setattr(batches, "_IDS", {})
+    monkeypatch.setattr(batches, "_encode_chunks", lambda *a: pytest.fail("tokenized again despite the cache"))
+    assert torch.equal(batches.corpus_token_ids(tiny.tokenizer, train_text), ids)
