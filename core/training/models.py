@@ -100,5 +100,9 @@ def presets() -> list[ScratchModel]:
 
 @hookimpl
 def register_models(register: Callable[[ModelSource], None]) -> None:
+    from paretolab.training.checkpoints import trained_sources
+
     for source in presets():
         register(source)
+    for trained in trained_sources():  # save_as refuses the names above; a hand-made folder of one is a duplicate error
+        register(trained)
