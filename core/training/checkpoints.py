@@ -109,6 +109,14 @@ def _check_loadable(model: torch.nn.Module, name: str) -> None:
             f"{getattr(theirs.get(first), '__name__', 'missing')} in a fresh {type(model).__name__} ({len(differing)} module(s) differ); "
             "a checkpoint of it would load as a different model, so it is not saved"
         )
+    ours_shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    theirs_shapes = {n: tuple(t.shape) for n, t in fresh.state_dict().items()}
+    if ours_shapes != theirs_shapes:
+        first = sorted(n for n in ours_shapes.keys() | theirs_shapes.keys() if ours_shapes.get(n) != theirs_shapes.get(n))[0]
+        raise SaveNameError(
+            f"train.save_as: {name!r}: tensor {first!r} has shape {ours_shapes.get(first)} here but {theirs_shapes.get(first)} "
+            f"in a {type(model).__name__} built from the model's config; update model.config to match before saving"
+        )
 
 
 class TrainedModel(ModelSource):

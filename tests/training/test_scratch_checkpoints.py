@@ -92,6 +92,10 @@ def test_a_model_its_class_would_not_rebuild_is_refused(cache):
     subject.model.model.layers[0].input_layernorm = torch.nn.LayerNorm(128)  # surgery a plain Llama does not have
     with pytest.raises(SaveNameError, match="model.layers.0.input_layernorm.*LayerNorm"):
         save_trained(subject, "surgery", {})
+    widened = _trained()
+    widened.model.model.norm.weight = torch.nn.Parameter(torch.ones(256))  # widened without updating the config
+    with pytest.raises(SaveNameError, match=r"'model.norm.weight' has shape \(256,\) here but \(128,\)"):
+        save_trained(widened, "widened", {})
 
 
 def test_a_killed_save_leaves_nothing_listed_and_a_later_save_works(cache, capsys):
