@@ -44,7 +44,8 @@ def test_a_training_study_killed_mid_training_resumes_and_logs_each_trials_curve
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    assert not (cache / "trained").is_dir() or not any(p.name.startswith("resumed-") for p in (cache / "trained").iterdir())
+    trained = cache / "models" / "trained"
+    assert not trained.is_dir() or not any(p.name.startswith("resumed-") for p in trained.iterdir())
     assert Counter(t.state for t in optuna_trials(tmp_path, "trainstudy"))[optuna.trial.TrialState.COMPLETE] == 0
 
     run_cli("run", str(pipeline), "--address", ray_head, "--resume", "--no-progress", cwd=tmp_path, env={"PARETOLAB_CACHE": str(cache)})
@@ -63,6 +64,6 @@ def test_a_training_study_killed_mid_training_resumes_and_logs_each_trials_curve
         history = client.get_metric_history(run.info.run_id, "curve.val_loss")
         assert [(m.step, m.value) for m in history] == [(r["tokens"], r["val_loss"]) for r in curve["rows"]]
         assert run.data.metrics["val_loss"] == curve["rows"][-1]["val_loss"]
-    saved = sorted(p.name for p in (cache / "trained").iterdir())
+    saved = sorted(p.name for p in trained.iterdir() if not p.name.startswith("."))  # .partial: staging, never a model
     assert saved == ["resumed-0", "resumed-1"]  # complete checkpoints only: no half-written leftovers
-    assert all((cache / "trained" / name / "config.json").is_file() for name in saved)
+    assert all((trained / name / "paretolab.json").is_file() for name in saved)
