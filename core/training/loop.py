@@ -164,7 +164,7 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
         group.setdefault("lr", opts.lr)
         group["peak_lr"] = group["lr"]  # the schedule scales each group's own lr (μP gives groups different ones)
     state.optimizer = optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=BETAS, weight_decay=opts.weight_decay, foreach=False)
-    _carry_optimizer_state(optimizer, record.optimizer_state, device)
+    _carry_optimizer_state(model, optimizer, record.optimizer_state, device)
 
     loss_owner, data_owner = record.owner("loss"), record.owner("data")
     ids = None if data_owner is not None else corpus_token_ids(subject.tokenizer, opts.corpus)
@@ -302,13 +302,15 @@ def _eval_point(state: TrainState, record: Training, windows: torch.Tensor, loss
     log.info("train %s step %d tokens %d: train_loss %.4f val_loss %.4f", row["stage"], row["step"], row["tokens"], row["train_loss"], row["val_loss"])
 
 
-def _carry_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, dict[str, torch.Tensor]], device: torch.device) -> None:
+def _carry_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, dict[str, torch.Tensor]],
+                           device: torch.device) -> None:
     """Load AdamW moments saved by name by an earlier stage (or transformed by a method) where the shapes still match."""
     if not saved:
         return
+    names = {id(p): n for n, p in model.named_parameters()}  # by the model, not the groups: a hook may drop their "names"
     for group in optimizer.param_groups:
-        for name, p in zip(group["names"], group["params"]):
-            entry = saved.get(name)
+        for p in group["params"]:
+            entry = saved.get(names.get(id(p), ""))
             if entry and entry.get("exp_avg") is not None and entry["exp_avg"].shape == p.shape:
                 optimizer.state[p] = {k: v.detach().clone().to(device if k != "step" else v.device) for k, v in entry.items()}
 

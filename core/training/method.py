@@ -70,7 +70,7 @@ class Train(Method):
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         from paretolab.training.loop import train
 
-        opts = parse_options(TrainOptions, params, where=f"stages.{ctx.stage or 'train'}.train.params")
+        opts = parse_train_options(params, where=f"stages.{ctx.stage or 'train'}.train.params")
         if opts.tokens is None and opts.flops is None:
             raise ConfigError("train: give a budget, tokens and/or flops (both are null)")
         evaluated = _task_corpus(ctx)
@@ -96,6 +96,18 @@ class Train(Method):
     def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
         metrics = training_of(subject).metrics
         return {k: v for k, v in metrics.items() if k not in ("val_loss", "val_bpb")}
+
+
+def parse_train_options(params: dict[str, Any], *, where: str) -> TrainOptions:
+    """TrainOptions from a stage's params; a number YAML read as text (``1e12``, no dot) gets its own hint."""
+    for key, value in params.items():
+        if key in ("tokens", "flops", "lr") and isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:
+                continue
+            raise ConfigError(f"{where}.{key}: {value!r} is text, not a number (YAML reads 1e12 without a dot as a string); write it as 1.0e12")
+    return parse_options(TrainOptions, params, where=where)
 
 
 def _task_corpus(ctx: TrialContext) -> str | None:
@@ -154,7 +166,7 @@ def check_train_stages(stages: Any, task_name: str, task_options: dict[str, Any]
                 for key, given in opt.params.items():
                     for value in list(getattr(given, "values", None) or [getattr(given, "value", None)]):
                         if value is not None:
-                            parse_options(TrainOptions, {"corpus": corpus, key: value}, where=where)
+                            parse_train_options({"corpus": corpus, key: value}, where=where)
             for name in list(getattr(opt.params.get("save_as"), "values", None) or [getattr(opt.params.get("save_as"), "value", None)]):
                 if name:
                     check_save_as(str(name), where=f"{where}.save_as")

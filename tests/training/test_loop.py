@@ -57,6 +57,9 @@ def test_optimizer_state_is_kept_by_parameter_name(tiny, small, tmp_path):
     names = {n for n, _ in subject.model.named_parameters()}
     assert set(state) == names
     assert state["model.layers.0.self_attn.q_proj.weight"]["exp_avg"].shape == subject.model.model.layers[0].self_attn.q_proj.weight.shape
+    assert float(state["model.norm.weight"]["step"]) == 16
+    subject = train(subject, {**small, "tokens": 512}, tmp_path / "again", stage="s3")  # the next stage goes on from these moments
+    assert float(subject.training.optimizer_state["model.norm.weight"]["step"]) == 16 + 2
 
 
 def test_flop_budget_stops_first_and_init_auto_reinitialises_from_the_seed(tiny, small, tmp_path):
@@ -118,6 +121,7 @@ def _pipeline(train_params: dict) -> dict:
 @pytest.mark.parametrize(("params", "message"), [
     ({"corpus": ["pydoc"]}, r"stages\.stage0\.train\.params\.corpus: 'pydoc' is the corpus task\.corpus evaluates on"),
     ({"warmup": [0.1, 1.5]}, r"stages\.stage0\.train\.params\.warmup: 1\.5 is out of range; give a value from 0\.0 to 1\.0"),
+    ({"flops": "1e12"}, r"stages\.stage0\.train\.params\.flops: '1e12' is text, not a number .*write it as 1\.0e12"),
 ])
 def test_a_pipeline_is_refused_before_any_trial(train_text, params, message):
     from paretolab.spec import parse_spec
