@@ -29,6 +29,16 @@ def test_counter_matches_the_hand_count_exactly_with_cpu_attention_counted(tiny)
     assert model.config._attn_implementation == "sdpa"  # the CPU SDPA kernel is what the registered formulas count
 
 
+def test_attention_backward_counts_twice_the_forward_on_every_sdpa_kernel():
+    from paretolab.training.flops import ATTENTION_FORMULAS
+
+    q = k = v = (2, 4, 32, 16)
+    cpu_forward = ATTENTION_FORMULAS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu]
+    backwards = [f for op, f in ATTENTION_FORMULAS.items() if "backward" in str(op)]
+    assert len(backwards) >= 2  # the CPU kernel and the CUDA ones
+    assert all(f(q, q, k, v, None, None) == 2 * cpu_forward(q, k, v) == 2 * 4 * 2 * 4 * 32 * 32 * 16 for f in backwards)
+
+
 def test_each_distinct_step_is_counted_once(tiny):
     counter = StepFlops()
     for _ in range(3):
