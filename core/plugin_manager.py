@@ -32,6 +32,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.retrieval",
     "paretolab.measures",
     "paretolab.models",
+    "paretolab.training.models",
     "paretolab.plugins.baselines",
     "paretolab.plugins.incremental_bpe",
     "paretolab.plugins.wanda",
@@ -44,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.parallel_probe",
     "paretolab.plugins.token_sparse_attention",
     "paretolab.plugins.speculative",
+    "paretolab.training.method",
 )
 
 

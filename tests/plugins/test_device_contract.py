@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ CHEAP: dict[str, dict[str, Any]] = {
     "token_sparse_attention": {"window": 4, "min_tokens": 8, "kernel_size": 3},
     "rtn": {"group_size": 32},
     "absmean_ternary": {"group_size": 32},
+    # a few steps on a small text that is not the task's pydoc corpus
+    "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
 }
 
 
