@@ -274,6 +274,7 @@ def test_curves_against_flops_per_seed_with_train_loss_and_stderr_band(store_env
     assert _trace(fig, "bhyt (3 seeds)")["x"] == pytest.approx([curve_flops("bhyt", i) for i in range(1, 5)])
     assert not any(t["name"].startswith("dyt") for t in fig["data"]), "a metric-history curve has no FLOPs"
     assert "1 trial(s) have their curve only as metric history (tokens, no FLOPs)" in texts(at)
+    assert frame_of(at).set_index("group").loc["bhyt", "flops at end (mean)"] == pytest.approx(curve_flops("bhyt", 4))
 
     at.radio(key="cband").set_value("± stderr").run()
     high = [t for t in figure(at)["data"] if t["name"] == "none band"][0]
