@@ -143,9 +143,6 @@ def add_training_study(stores: Stores) -> None:
     """Trials 0-5: bhyt and none on seeds 0-2 with a ``learning_curve.json`` artifact (the train stage's format);
     trial 6: dyt on seed 0 with the curve only as ``curve.*`` metric history (step = tokens)."""
     import json
-    import time
-
-    from mlflow.entities import Metric
 
     from paretolab.tracking import Tracker
     from paretolab.trial import TrialResult
@@ -163,12 +160,10 @@ def add_training_study(stores: Stores) -> None:
                  "val_loss": curve_loss(method, seed, i), "lr": 3e-3, "s": 0.5 * i} for i in range(1, CURVE_POINTS + 1)]
         final = rows[-1]
         artifacts = {} if method == "dyt" else {"learning_curve.json": json.dumps({"rows": rows, "seed": seed}).encode()}
-        result = TrialResult(metrics={"val_loss": final["val_loss"], "train_flops": final["flops"], "train_tokens": final["tokens"]}, artifacts=artifacts)
+        history = {f"curve.{k}": [(r["tokens"], r[k]) for r in rows] for k in ("val_loss", "train_loss")}  # the train stage logs both
+        result = TrialResult(metrics={"val_loss": final["val_loss"], "train_flops": final["flops"], "train_tokens": final["tokens"]},
+                             artifacts=artifacts, history=history)
         run_id = tracker.log_trial(parent, number, {"stage0.method": method, "stage1.method": "train", "stage1.train.seed": seed}, result, {})
-        if method == "dyt":
-            now = int(time.time() * 1000)
-            history = [Metric(f"curve.{k}", r[k], now, r["tokens"]) for r in rows for k in ("val_loss", "train_loss")]
-            tracker.client.log_batch(run_id, metrics=history)
         study.add_trial(create_trial(params={"stage0.method": method, "train.seed": seed}, distributions={"stage0.method": NORMS, "train.seed": SEEDS},
                                      values=[final["val_loss"], final["flops"]], user_attrs={"mlflow_run_id": run_id}))
 
