@@ -151,20 +151,23 @@ def trial_label(choices: dict[str, str]) -> str:
 def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
     """(method, baseline) trial pairs matched on ``pair_by`` and the shared parameters; and how many keys were ambiguous.
 
-    Each trial is ``{"trial", "label", "params": {"method.param": value}, metrics...}``. A key
+    Each trial is ``{"trial", "label", "params": {"stage.method.param" or "method.param": value}, metrics...}``. A key
     with more than one trial on a side (e.g. a baseline searched over its own parameter while
     the method is not) cannot be paired unambiguously and is counted, not guessed.
     """
     own = {*claim.method.split("+"), *claim.baseline.split("+")}
 
+    def is_pair_by(name: str) -> bool:
+        parts = name.split(".")
+        return parts[-1] == claim.pair_by or ".".join(parts[-2:]) == claim.pair_by
+
     def key(trial: dict[str, Any]) -> tuple[Any, ...] | None:
         params = trial["params"]
-        by = [v for k, v in params.items() if claim.pair_by in (k, k.split(".", 1)[-1])]
+        by = tuple(v for k, v in sorted(params.items()) if is_pair_by(k))  # one value per stage that has it (train → … → train)
         if not by:
             return None
-        shared = sorted((k, repr(v)) for k, v in params.items()
-                        if k.split(".", 1)[0] not in own and claim.pair_by not in (k, k.split(".", 1)[-1]))
-        return (repr(by[0]), *shared)
+        shared = sorted((k, repr(v)) for k, v in params.items() if not is_pair_by(k) and _method_of(k) not in own)
+        return (repr(by), *shared)
 
     sides: dict[str, dict[tuple[Any, ...], list[dict[str, Any]]]] = {"method": {}, "baseline": {}}
     for trial in trials:
@@ -180,6 +183,12 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
         else:
             ambiguous += 1
     return pairs, ambiguous
+
+
+def _method_of(param: str) -> str:
+    """The method a parameter name belongs to: ``stage1.train.lr`` and ``train.lr`` -> ``train``."""
+    parts = param.split(".")
+    return parts[-2] if len(parts) >= 2 else ""
 
 
 def paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], value: Callable[[dict[str, Any], dict[str, Any]], float | None]) -> Paired:

@@ -278,13 +278,10 @@ def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
 
 
 def _named_params(row: dict[str, Any]) -> dict[str, Any]:
-    """``method.param`` -> value: Optuna's searched parameters, overlaid by every parameter the run logged (fixed ones too)."""
-    out = {k: v for k, v in row["params"].items() if not k.endswith(".method")}
-    for key, value in row["run_params"].items():
-        parts = key.split(".")
-        if len(parts) == 3 and parts[0] not in ("info", "trial"):
-            out[f"{parts[1]}.{parts[2]}"] = _parsed(value)
-    return out
+    """Every parameter the trial ran with, ``stage.method.param`` -> value (fixed ones too, from the MLflow run); Optuna's searched ones without a run."""
+    logged = {key: _parsed(value) for key, value in row["run_params"].items()
+              if key.count(".") == 2 and not key.startswith(("info.", "trial."))}
+    return logged or {k: v for k, v in row["params"].items() if not k.endswith(".method")}
 
 
 def _parsed(text: Any) -> Any:

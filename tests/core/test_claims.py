@@ -190,3 +190,20 @@ def test_one_pair_gives_no_verdict_and_a_study_without_a_claim_gets_no_block(sto
     assert verdict.startswith("**Verdict: no verdict: one pair (an interval needs at least two)** — val_loss bhyt − none = -0.1, mean over n = 1")
     plain = _section(stores, "no_claim")
     assert "Claim" not in plain and "Verdict" not in plain
+
+
+def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_not_guessed():
+    from paretolab.claims import Claim, pair_trials
+
+    claim = Claim("t", "val_loss", "kv_heads", "none", "lower", "seed")
+
+    def trial(n, label, seed, lr, **own):
+        return {"trial": n, "label": label, "val_loss": 3.0,
+                "params": {"stage1.train.seed": seed, "stage1.train.lr": lr, **{f"stage0.kv_heads.{k}": v for k, v in own.items()}}}
+
+    trials = [trial(0, "none", 0, 3e-3), trial(1, "none", 1, 3e-3), trial(2, "none", 0, 1e-3),
+              trial(3, "kv_heads", 0, 3e-3, kv_heads=1),  # pairs with 0: the method's own parameter does not count
+              trial(4, "kv_heads", 0, 1e-3, kv_heads=1), trial(5, "kv_heads", 0, 1e-3, kv_heads=2),  # two method trials for (seed 0, lr 1e-3)
+              trial(6, "kv_heads", 2, 3e-3, kv_heads=1)]  # no baseline on seed 2
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert [(m["trial"], b["trial"]) for m, b in pairs] == [(3, 0)] and ambiguous == 1
