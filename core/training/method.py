@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from paretolab.context import TrialContext
@@ -84,7 +81,12 @@ class Train(Method):
         record = training_of(subject)
         ctx.add_artifact(CURVE_ARTIFACT, json.dumps({"rows": record.curve, "seed": opts.seed}, indent=1))
         if opts.save_as:
-            save_trained(subject, opts.save_as.format(seed=opts.seed, trial=ctx.trial_number))
+            from paretolab.training.checkpoints import save_trained
+
+            meta = {"tokens": record.tokens, "flops": record.flops, "seed": opts.seed, "corpus": opts.corpus, "val_corpus": val_corpus,
+                    "val_loss": record.metrics.get("val_loss"), "val_bpb": record.metrics.get("val_bpb"), "trial": ctx.trial_number,
+                    "train_params": dataclasses.asdict(opts)}
+            save_trained(subject, opts.save_as.format(seed=opts.seed, trial=ctx.trial_number), meta)
         return subject
 
     def evaluate(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
@@ -153,33 +155,20 @@ def check_train_stages(stages: Any, task_name: str, task_options: dict[str, Any]
             corpora = [Train().defaults()["corpus"]] if spec is None else list(getattr(spec, "values", None) or [getattr(spec, "value", None)])
             for corpus in corpora:
                 check_not_evaluation_corpus(str(corpus), evaluated, where=f"{where}.corpus")
+            for name in list(getattr(opt.params.get("save_as"), "values", None) or [getattr(opt.params.get("save_as"), "value", None)]):
+                if name:
+                    check_save_as(str(name), where=f"{where}.save_as")
 
 
-def trained_dir() -> Path:
-    """Where ``save_as`` puts trained models (each a Hugging Face directory any ``model:`` can name)."""
-    from paretolab.data import cache_dir
+def check_save_as(template: str, *, where: str) -> None:
+    """Refuse a ``save_as`` whose filled-in name cannot be a model source (before any trial trains)."""
+    from paretolab.training.checkpoints import check_save_name
 
-    return cache_dir() / "trained"
-
-
-def save_trained(subject: Subject, name: str) -> Path:
-    """Save model + tokenizer as ``trained_dir()/name``; written beside it and renamed, so a killed trial leaves no half-written checkpoint."""
-    if not name or "/" in name or name.startswith("."):
-        raise ConfigError(f"train.save_as: {name!r} is not a plain name; give a name like 'scratch-5m-trained'")
-    target = trained_dir() / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{name}.{os.getpid()}.part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subject.model.save_pretrained(tmp)
-    subject.tokenizer.save_pretrained(tmp)
-    info = {"weights": "fp32", "trained": {k: v for k, v in training_of(subject).metrics.items()}, "from": subject.model_name}
-    (tmp / "paretolab.json").write_text(json.dumps(info, indent=1))
-    old = target.with_name(f".{name}.{os.getpid()}.old")
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-    return target
+    try:
+        name = template.format(seed=0, trial=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"{where}: {template!r} has a placeholder other than {{seed}} and {{trial}} ({exc})") from None
+    check_save_name(name, where=where)
 
 
 def curve_history(subject: Subject) -> dict[str, list[tuple[int, float]]]:
