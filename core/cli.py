@@ -197,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
         print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
-        note = quality_note(spec.model)
+        note = quality_note(spec.model, spec.raw)
         if note:
             print(f"warning: {note}")
     return 130 if outcome.interrupted else 0

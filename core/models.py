@@ -50,13 +50,27 @@ class ModelSource:
         """Raise ConfigError, naming the fix, when this machine cannot load the model (no weights are read)."""
 
 
-def quality_note(model: str) -> str:
-    """A one-line warning when a study's quality numbers on ``model`` are not meaningful; "" otherwise."""
+def quality_note(model: str, pipeline: dict[str, Any] | None = None) -> str:
+    """A one-line warning when a study's quality numbers on ``model`` are not meaningful; "" otherwise.
+
+    A pipeline that trains the model (a ``train`` stage) makes a random-init model meaningful.
+    """
     from paretolab.plugin_manager import registries
 
+    if pipeline is not None and trains(pipeline):
+        return ""
     models = registries().models
     note = models.get(model).quality_note if model in models else ""
     return f"Not meaningful for quality: model {model!r} {note}; its quality metrics (ppl, acc, ...) exercise the mechanics only" if note else ""
+
+
+def trains(pipeline: dict[str, Any]) -> bool:
+    """Whether a pipeline (its YAML as a dict) has a ``train`` stage, fixed or among a choice."""
+    for stage in pipeline.get("stages") or []:
+        options = stage.get("choice") or [stage] if isinstance(stage, dict) else []
+        if any(isinstance(o, dict) and o.get("method") == "train" for o in options):
+            return True
+    return False
 
 
 class SmolLM2(ModelSource):

@@ -59,7 +59,8 @@ def study_quality_note(name: str, stores: Stores) -> str:
     """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
     from paretolab.models import quality_note
 
-    return quality_note(str(load_study(name, stores).user_attrs.get("model", "")))
+    attrs = load_study(name, stores).user_attrs
+    return quality_note(str(attrs.get("model", "")), attrs.get("pipeline") or {})
 
 
 def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores) -> None:

@@ -25,7 +25,7 @@ def frontier_page(ctx: Context) -> None:
     assert ctx.study is not None
     table = ctx.table
     st.header(f"Frontier · {ctx.study.name}")
-    note = quality_note(ctx.study.model)
+    note = quality_note(ctx.study.model, ctx.study.pipeline)
     if note:
         st.warning(note)
     failed = int((table.frame["state"] == "FAIL").sum())

@@ -24,3 +24,14 @@ def test_frontier_and_report_label_a_tiny_llama_study(tmp_path):
     optuna.load_study(study_name="single", storage=resolve_stores(home=str(home)).optuna_url).set_user_attr("model", "smollm2-135m")
     assert stores and "Not meaningful" not in run_cli("frontier", "single", "--home", str(home), cwd=tmp_path).stdout
     assert "Not meaningful" not in run_cli("report", "single", "--home", str(home), cwd=tmp_path).stdout
+
+
+def test_a_pipeline_that_trains_its_random_init_model_gets_no_warning():
+    from paretolab.models import quality_note, trains
+
+    trained = {"stages": [{"choice": [{"method": "bhyt"}, {"method": "none"}]}, {"method": "train", "params": {"tokens": 10}}]}
+    chosen = {"stages": [{"choice": [{"method": "train"}, {"method": "none"}]}]}
+    untrained = {"stages": [{"method": "wanda"}]}
+    assert trains(trained) and trains(chosen) and not trains(untrained) and not trains({})
+    assert quality_note("tiny-llama", trained) == ""
+    assert quality_note("tiny-llama", untrained).startswith(NOTE)
