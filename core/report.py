@@ -177,7 +177,16 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
         rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
                      "run_params": dict(run.data.params) if run else {}, **metrics,
                      "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
-    return objectives, rows
+    return objectives, _without_common_training(rows)
+
+
+def _without_common_training(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop ``train`` from the labels when every trial trained: the baseline is then the model trained
+    with no method, labelled ``none`` like the unmodified model of a compression study."""
+    if rows and all("train" in r["method"].split("+") for r in rows):
+        for r in rows:
+            r["method"] = "+".join(m for m in r["method"].split("+") if m != "train") or "none"
+    return rows
 
 
 def method_label(params: dict[str, str]) -> str:

@@ -124,3 +124,10 @@ def test_quality_differences_come_with_a_paired_interval_and_a_noise_verdict(tmp
     assert cells["none"]["acc"] == f"{np.mean(base):.4g} ± {np.std(base, ddof=1) / 20:.2g}"
     assert cells["none"]["n"] == "400 examples"
     assert "*within noise* when that interval contains 0" in text  # the legend says what the verdict means
+
+
+def test_a_training_study_labels_its_untreated_trials_none_so_they_are_the_baseline():
+    rows = [{"method": "bhyt+train"}, {"method": "train"}, {"method": "dyt+train"}]
+    assert [r["method"] for r in report._without_common_training(rows)] == ["bhyt", "none", "dyt"]
+    mixed = [{"method": "wanda+train"}, {"method": "wanda"}]  # not every trial trained: labels stay as they are
+    assert [r["method"] for r in report._without_common_training(mixed)] == ["wanda+train", "wanda"]
