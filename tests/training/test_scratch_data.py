@@ -43,7 +43,7 @@ def test_text_is_pinned_for_this_python_without_a_warning():
             assert load_corpus(name)[1] == PYSTDLIB_SHA256[python_version()][name]
 
 
-def test_names_pass_task_validation_and_calibration(monkeypatch):
+def test_names_pass_task_validation_and_calibration():
     assert parse_options(PerplexityOptions, {"corpus": "pystdlib-val"}, where="task").corpus == "pystdlib-val"
     with pytest.raises(ConfigError, match="pystdlib-train, pystdlib-val"):
         parse_options(PerplexityOptions, {"corpus": "pystdlib"}, where="task")
