@@ -139,9 +139,12 @@ class TrainedModel(ModelSource):
         if not (self.path / RECORD).is_file():
             raise ConfigError(f"model {self.name!r}: the checkpoint at {self.path} is gone; save it again (train.save_as) or pick another model")
 
-    def load(self) -> Subject:
+    def pull(self) -> str:
         self.check()
-        return _load_pretrained(str(self.path), self.name)
+        return str(self.path)
+
+    def load(self) -> Subject:
+        return _load_pretrained(self.pull(), self.name)
 
 
 def describe(record: dict[str, Any]) -> str:

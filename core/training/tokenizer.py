@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +74,11 @@ def ensure_tokenizer(vocab_size: int = VOCAB_SIZE) -> Path:
 TRAIN_SECONDS: dict[str, float] = {}  # how long this process spent training each tokenizer (for reports and tests)
 
 
-@lru_cache(maxsize=4)
 def pystdlib_tokenizer(vocab_size: int = VOCAB_SIZE) -> Any:
-    """The trained tokenizer as a ``transformers.PreTrainedTokenizerFast`` with bos ``<s>``, eos ``</s>``, pad ``<pad>``."""
+    """The trained tokenizer as a ``transformers.PreTrainedTokenizerFast`` with bos ``<s>``, eos ``</s>``, pad ``<pad>``.
+
+    A new object per call (tens of ms): tokenizer methods change theirs in place, and no other subject may see that.
+    """
     from transformers import PreTrainedTokenizerFast
 
     path = ensure_tokenizer(vocab_size)

@@ -43,7 +43,7 @@ def test_text_is_pinned_for_this_python_without_a_warning():
             assert load_corpus(name)[1] == PYSTDLIB_SHA256[python_version()][name]
 
 
-def test_names_pass_task_validation_and_calibration(monkeypatch):
+def test_names_pass_task_validation_and_calibration():
     assert parse_options(PerplexityOptions, {"corpus": "pystdlib-val"}, where="task").corpus == "pystdlib-val"
     with pytest.raises(ConfigError, match="pystdlib-train, pystdlib-val"):
         parse_options(PerplexityOptions, {"corpus": "pystdlib"}, where="task")
@@ -54,7 +54,6 @@ def test_names_pass_task_validation_and_calibration(monkeypatch):
 def test_tokenizer_is_cached_by_corpus_sha_and_loads_without_training(monkeypatch):
     path = tok.ensure_tokenizer()
     assert path.parent.name == "tokenizers" and load_corpus("pystdlib-train")[1][:16] in path.name
-    tok.pystdlib_tokenizer.cache_clear()
     monkeypatch.setattr(tok, "train_bpe", lambda *a, **k: pytest.fail("trained again despite the cache"))
     tokenizer = tok.pystdlib_tokenizer()
     assert len(tokenizer) == tok.VOCAB_SIZE <= 8192

@@ -35,10 +35,12 @@ def test_deep_preset_is_thin_and_16_layers():
     assert deep.layers == 16 and deep.hidden == small.hidden
 
 
-def test_loads_are_seeded():
+def test_loads_are_seeded_and_share_no_tokenizer():
     source = registries().models.get("scratch-1m")
-    a, b = source.load().model, source.load().model
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    first, second = source.load(), source.load()
+    assert all(torch.equal(x, y) for x, y in zip(first.model.parameters(), second.model.parameters()))
+    first.tokenizer.add_tokens(["<added by a method>"])  # tokenizer methods change theirs in place
+    assert len(second.tokenizer) == 4096 and len(source.load().tokenizer) == 4096
 
 
 def test_perplexity_on_the_held_out_split(tmp_path):
