@@ -90,9 +90,10 @@ class LayerDropoutHook(TrainingHook):
     def choose(self, state: Any) -> tuple[int, ...]:
         """This step's skipped layers, from the stage's seed and step (no state of our own)."""
         n = len(decoder_layers(state.model))
-        max_steps = getattr(state, "max_steps", None) or 0
-        rates = drop_rates(n, int(state.step), self.ramp * max_steps, self.p_max)
-        return skipped_layers(rates, int(state.params.get("seed", 0)), int(state.step))
+        max_steps = getattr(state, "max_steps", 0) or 0  # the loop knows it after the first step: before, t = 0
+        ramp_steps = 0.0 if self.ramp == 0 else self.ramp * max_steps if max_steps > 0 else math.inf
+        rates = drop_rates(n, int(state.step), ramp_steps, self.p_max)
+        return skipped_layers(rates, int(getattr(state.params, "seed", 0)), int(state.step))
 
     def before_step(self, state: Any) -> None:
         self.skipped = self.choose(state)

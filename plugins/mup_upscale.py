@@ -207,21 +207,25 @@ class MuPGroups(TrainingHook):
             self.s[name] = self.s.get(name, 1.0) * rule.grad_scale
 
     def param_groups(self, groups: list[dict[str, Any]], state: Any) -> list[dict[str, Any]]:
+        """Split each group by (c, s); a group's ``names`` list (the train stage keeps one) is split with its params."""
         names = {id(p): n for n, p in state.model.named_parameters()}
-        base_lr = float(state.params.get("lr", 1e-3))
+        base_lr, base_wd = float(getattr(state.params, "lr", 1e-3)), float(getattr(state.params, "weight_decay", 0.0))  # the stage's options
         out = []
         for group in groups:
-            split: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
+            split: dict[tuple[float, float], list[tuple[str, torch.nn.Parameter]]] = {}
             for param in group["params"]:
                 name = names.get(id(param), "")
-                split.setdefault((self.c.get(name, 1.0), self.s.get(name, 1.0)), []).append(param)
-            for (c, s), params in split.items():
-                new = {**group, "params": params}
+                split.setdefault((self.c.get(name, 1.0), self.s.get(name, 1.0)), []).append((name, param))
+            for (c, s), members in split.items():
+                new = {**group, "params": [p for _, p in members]}
+                if "names" in group:
+                    new["names"] = [n for n, _ in members]
                 new["lr"] = float(group.get("lr", base_lr)) * c
                 new["eps"] = float(group.get("eps", 1e-8)) * s
-                new["weight_decay"] = float(group.get("weight_decay", state.params.get("weight_decay", 0.0))) / c
+                new["weight_decay"] = float(group.get("weight_decay", base_wd)) / c
                 out.append(new)
         return out
+
 
 
 class MupUpscale(Method):

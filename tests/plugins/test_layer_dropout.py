@@ -35,6 +35,12 @@ def test_rate_rises_with_depth_and_time() -> None:
     assert late[-1] == pytest.approx(0.5) and drop_rates(6, 500, 100, 0.5) == late  # flat after the ramp
 
 
+def test_nothing_is_skipped_before_the_loop_knows_its_length(tiny6: Subject) -> None:
+    hook = LayerDropoutHook(p_max=0.7, ramp=0.5)
+    assert hook.choose(state_of(tiny6.model, 0, max_steps=0)) == ()  # step 0: t = 0 on any ramp
+    assert LayerDropoutHook(p_max=0.7, ramp=0.0).choose(state_of(tiny6.model, 0, max_steps=0)) != ()  # no ramp: full rates at once
+
+
 def test_skip_draws_are_deterministic_and_follow_the_rates() -> None:
     rates = drop_rates(6, 1, 0, 0.6)
     assert skipped_layers(rates, 3, 17) == skipped_layers(rates, 3, 17)
@@ -46,7 +52,7 @@ def test_skip_draws_are_deterministic_and_follow_the_rates() -> None:
 
 def state_of(model: torch.nn.Module, step: int, *, max_steps: int = 100, seed: int = 0) -> Any:
     """The part of the train loop's state the hook reads."""
-    return SimpleNamespace(model=model, step=step, max_steps=max_steps, params={"seed": seed, "lr": 1e-3})
+    return SimpleNamespace(model=model, step=step, max_steps=max_steps, params=SimpleNamespace(seed=seed, lr=1e-3))
 
 
 def attention_calls(model: torch.nn.Module) -> list[int]:

@@ -98,9 +98,12 @@ def test_mup_param_groups_scale_lr_eps_and_weight_decay(ctx: TrialContext) -> No
     wide = MupUpscale().transform(TinyLlama(layers=2, hidden=64).load(), {"factor": 4, "noise": 0.0}, ctx)
     (hook,) = training_of(wide).of_type(MuPGroups)
     model = wide.model
-    state = SimpleNamespace(model=model, params={"lr": 1e-2, "weight_decay": 0.1})
-    groups = hook.param_groups([{"params": list(model.parameters()), "weight_decay": 0.1}], state)
+    state = SimpleNamespace(model=model, params=SimpleNamespace(lr=1e-2, weight_decay=0.1))
+    names, params = zip(*model.named_parameters(), strict=True)
+    groups = hook.param_groups([{"params": list(params), "names": list(names), "weight_decay": 0.1}], state)
     of = {id(p): g for g in groups for p in g["params"]}
+    by_name = dict(model.named_parameters())
+    assert all(by_name[n] is p for g in groups for n, p in zip(g["names"], g["params"], strict=True))  # names split with params
     q, emb, gain = model.model.layers[0].self_attn.q_proj.weight, model.model.embed_tokens.weight, model.model.layers[0].input_layernorm.weight
     assert of[id(q)]["lr"] == pytest.approx(1e-2 / 4) and of[id(q)]["weight_decay"] == pytest.approx(0.4) and of[id(q)]["eps"] == pytest.approx(1e-8 / 4)
     assert of[id(emb)]["lr"] == pytest.approx(1e-2) and of[id(emb)]["weight_decay"] == pytest.approx(0.1)
@@ -126,7 +129,7 @@ def test_training_on_after_a_zero_noise_upscale_retraces_the_narrow_model(ctx: T
     train(subject.model, optimizer, batches[3:])  # the narrow model goes on
 
     (hook,) = training_of(wide).of_type(MuPGroups)
-    groups = hook.param_groups([{"params": list(wide.model.parameters()), **settings}], SimpleNamespace(model=wide.model, params=settings))
+    groups = hook.param_groups([{"params": list(wide.model.parameters()), **settings}], SimpleNamespace(model=wide.model, params=SimpleNamespace(**settings)))
     wide_optimizer = torch.optim.AdamW(groups, **settings)
     for name, p in wide.model.named_parameters():
         wide_optimizer.state[p] = dict(training_of(wide).optimizer_state[name])
