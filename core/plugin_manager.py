@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.parallel_probe",
     "paretolab.plugins.token_sparse_attention",
     "paretolab.plugins.speculative",
+    "paretolab.training.method",
     "paretolab.plugins.layer_dropout",
     "paretolab.plugins.mup_upscale",
 )
