@@ -161,3 +161,25 @@ class TestLayerDropoutContract(MethodContract):
     @pytest.fixture
     def method(self) -> LayerDropout:
         return LayerDropout()
+
+
+from tests.training.conftest import make_ctx, small, train_text  # noqa: E402,F401  (the train stage's fixtures)
+
+
+def train_stage(subject: Subject, params: dict[str, Any], where: Any) -> Subject:
+    return registries().methods.get("train").transform(subject, dict(params), make_ctx(where, "s2"))
+
+
+def test_the_train_stage_counts_fewer_flops_with_dropout_and_ends_with_every_layer(tiny6: Subject, small: dict[str, Any], tmp_path: Any, ctx: TrialContext) -> None:
+    tiny6.info["weights"] = "random init"
+    small = {**small, "tokens": 2048}  # 8 steps
+    plain = train_stage(tiny6.copy(), small, tmp_path / "none").training.metrics
+    runs = [train_stage(LayerDropout().transform(tiny6.copy(), {"p_max": 0.6, "ramp": 0.25}, ctx), small, tmp_path / f"drop{i}") for i in range(2)]
+    dropped = runs[0].training.metrics
+    assert dropped["train_steps"] == plain["train_steps"] and dropped["train_tokens"] == plain["train_tokens"]
+    assert dropped["train_flops"] < 0.9 * plain["train_flops"]
+    assert runs[0].info["train_flop_shapes"] > 1  # one count per distinct skipped set
+    assert runs[1].training.metrics["val_loss"] == dropped["val_loss"]  # the skips follow the stage's seed
+    assert all("forward" not in layer.__dict__ for layer in runs[0].model.model.layers)
+    with torch.no_grad():
+        assert torch.isfinite(runs[0].model(input_ids=BATCH).logits).all()

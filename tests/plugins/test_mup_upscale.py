@@ -154,3 +154,31 @@ class TestMupUpscaleContract(MethodContract):
     @pytest.fixture
     def method(self) -> MupUpscale:
         return MupUpscale()
+
+
+from tests.training.conftest import make_ctx, small, tiny, train_text  # noqa: E402,F401  (the train stage's fixtures)
+
+
+def train_stage(subject: Subject, params: dict[str, Any], where: Any, stage: str) -> Subject:
+    from paretolab.plugin_manager import registries
+
+    return registries().methods.get("train").transform(subject, dict(params), make_ctx(where, stage))
+
+
+def test_train_upscale_train_at_zero_noise_retraces_the_narrow_run(tiny: Subject, small: dict[str, Any], tmp_path: Any, ctx: TrialContext) -> None:
+    """Through the real train stage: carried AdamW state + μP groups make the wide stage the narrow one's twin (no clipping:
+    the global gradient norm is not width-invariant)."""
+    params = {**small, "clip": 0.0}
+    narrow = train_stage(tiny, params, tmp_path / "s1", "s1")
+    runs = {}
+    for how in ("mup", "sp"):
+        wide = MupUpscale().transform(narrow.copy(), {"noise": 0.0, "parametrization": how}, ctx)
+        runs[how] = train_stage(wide, params, tmp_path / how, "s3")
+    on = train_stage(narrow.copy(), params, tmp_path / "narrow", "s3")
+    mup = runs["mup"].training.metrics
+    assert runs["mup"].model.config.hidden_size == 2 * on.model.config.hidden_size
+    assert mup["val_loss"] == pytest.approx(on.training.metrics["val_loss"], rel=1e-4)
+    narrow_loss = on.training.metrics["val_loss"]
+    assert abs(runs["sp"].training.metrics["val_loss"] - narrow_loss) > 10 * abs(mup["val_loss"] - narrow_loss)  # one lr for all: another run
+    assert mup["train_flops"] > on.training.metrics["train_flops"]
+    assert mup["train_tokens"] == on.training.metrics["train_tokens"] == 2 * small["tokens"]
