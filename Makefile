@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,15 @@ results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding 
 	  $(BIN)/paretolab draft train --tokens 98304 --budget-min 25 --no-progress; fi
 	for p in $(DECODING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(DECODING) --trials all --metrics $(DECODING_METRICS) --output pipelines/DECODING.md
+
+# The training studies (issue 14): small models trained from scratch on the Python standard
+# library corpus, one pipeline per training-time method; each pipeline's `claim:` is checked on
+# seeds paired with its baseline, and pipelines/TRAINING.md is regenerated from the stored studies.
+TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale
+TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_s,peak_act_mb,train_mem_mb,train_steps,energy_j,kv_bytes_per_token,hidden_var_growth,hidden_var_last
+results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
+	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info

@@ -305,7 +305,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"Generated from the stored studies by `{command}`; not edited by hand. Rerun that command",
         "after the studies change. `cost` says whether a saving is real (a stored format or a kernel",
         "that runs) or simulated (fake quantization, masks); latency columns are measured on the machine",
-        "that ran the study, so compare them within a table, not across machines.",
+        "that ran the study, so compare them within a table, not across machines. A study whose pipeline",
+        "carries a `claim:` opens with it and its verdict on the stored trials (paired with the baseline",
+        "on the same seed and settings; 95 % t interval over the pairs).",
         "",
     ]
     Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")

@@ -217,6 +217,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     lines = [
         f"## {name}",
         "",
+        *_claim(pipeline, rows, stores),
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
         + ", ".join(f"{m} ({d})" for m, d in objectives)
         + f"; {len(rows)} complete trial(s), {failed} failed.",
@@ -250,6 +251,50 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     columns, legend = _with_uncertainty(shown, rows, columns, stores)
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend]
     return "\n".join(lines)
+
+
+def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:
+    """The pipeline's claim with its verdict from the stored trials (nothing when it has none)."""
+    from paretolab.claims import claim_from, claim_lines
+    from paretolab.training.curves import mlflow_reader
+
+    claim = claim_from(pipeline.get("claim"))
+    if claim is None:
+        return []
+    trials = [{**r, "label": _choice_label(pipeline, r), "params": _named_params(r)} for r in rows]
+    return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri))
+
+
+def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
+    """What the trial's ``choice`` stages picked (``bhyt``, ``none``, ``magnitude+rtn``); fixed stages left out."""
+    from paretolab.claims import trial_label
+
+    picked = {}
+    for index, stage in enumerate(pipeline.get("stages") or []):
+        if isinstance(stage, dict) and "choice" in stage:
+            key = f"{stage.get('id', f'stage{index}')}.method"
+            picked[key] = str(row["run_params"].get(key) or row["params"].get(key) or "none")
+    return trial_label(picked)
+
+
+def _named_params(row: dict[str, Any]) -> dict[str, Any]:
+    """``method.param`` -> value: Optuna's searched parameters, overlaid by every parameter the run logged (fixed ones too)."""
+    out = {k: v for k, v in row["params"].items() if not k.endswith(".method")}
+    for key, value in row["run_params"].items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] not in ("info", "trial"):
+            out[f"{parts[1]}.{parts[2]}"] = _parsed(value)
+    return out
+
+
+def _parsed(text: Any) -> Any:
+    """A logged MLflow param (text) back to the value the trial had, so it matches Optuna's."""
+    import json
+
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return text
 
 
 # A timing whose interquartile range exceeds this fraction of its median is too noisy to rank

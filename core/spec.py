@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from paretolab.claims import Claim, parse_claim
 from paretolab.errors import ConfigError, UnknownNameError
 
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
@@ -22,7 +23,7 @@ MAX_PIPELINE_NODES = 100_000  # YAML nodes after alias expansion (an alias bomb 
 MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
-HASH_IGNORES_TOP = ("description", "resources")
+HASH_IGNORES_TOP = ("description", "resources", "claim")  # a claim is read by the report, never by a trial
 HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s")
 
 
@@ -94,6 +95,7 @@ class StudySpec:
     search: SearchSpec = field(default_factory=SearchSpec)
     resources: Resources = field(default_factory=Resources)
     measures: dict[str, dict[str, Any]] | None = None  # None: the default measures
+    claim: Claim | None = None  # what the study is to check; `paretolab report` gives its verdict
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def pipeline_hash(self) -> str:
@@ -120,7 +122,7 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
-TOP_KEYS = ("name", "model", "task", "stages", "objectives", "search", "resources", "measures", "description")
+TOP_KEYS = ("name", "model", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -233,6 +235,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     search = _parse_search(raw.get("search") or {})
     resources = _parse_resources(raw.get("resources") or {})
     _check_objectives_produced(objectives, task, measures, stages, resources, regs)
+    claim = parse_claim(raw.get("claim"), stages, regs)
     return StudySpec(
         name=name,
         model=model,
@@ -243,6 +246,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         search=search,
         resources=resources,
         measures=measures,
+        claim=claim,
         raw=raw,
     )
 

@@ -13,6 +13,7 @@ import streamlit as st
 
 from paretolab.dashboard import data
 from paretolab.dashboard.context import Context, parse_args, ray_address, stores_from
+from paretolab.dashboard.view_curves import curves_page
 from paretolab.dashboard.view_frontier import frontier_page
 from paretolab.dashboard.view_studies import cluster_page, methods_page, no_studies, studies_page
 from paretolab.dashboard.view_trial import compare_page, trial_page
@@ -22,10 +23,11 @@ PAGES = {
     "Frontier": frontier_page,
     "Trial": trial_page,
     "Compare": compare_page,
+    "Curves": curves_page,
     "Methods": methods_page,
     "Cluster": cluster_page,
 }
-NEEDS_STUDY = ("Frontier", "Trial", "Compare")
+NEEDS_STUDY = ("Frontier", "Trial", "Compare", "Curves")
 
 
 def _from_url() -> None:

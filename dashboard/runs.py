@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pandas as pd
 import sqlalchemy as sa
 
 from paretolab.dashboard.data import engine, store_exists
+
+if TYPE_CHECKING:
+    from paretolab.training.curves import Curve
 
 ROLE = "paretolab.role"
 TRIAL = "paretolab.trial_number"
@@ -181,6 +184,34 @@ def read_artifact(uri: str, detail: RunDetail, path: str) -> bytes:
     client = _client(uri)
     with tempfile.TemporaryDirectory() as tmp:
         return Path(client.download_artifacts(detail.run_id, path, tmp)).read_bytes()
+
+
+def metric_histories(uri: str, run_id: str, keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    """Every logged (step, value) of ``keys`` in one run, by step: one read-only query on a database store."""
+    if not is_database(uri):
+        client = _client(uri)
+        return {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in keys}
+    if not store_exists(uri):
+        return {}
+    with engine(uri).connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT key, step, value, is_nan FROM metrics WHERE run_uuid = :r AND key IN :keys ORDER BY step, timestamp"
+        ).bindparams(sa.bindparam("keys", expanding=True)), {"r": run_id, "keys": list(keys)}).all()
+    out: dict[str, list[tuple[int, float]]] = {}
+    for key, step, value, is_nan in rows:
+        if not is_nan:
+            out.setdefault(key, []).append((int(step), float(value)))
+    return out
+
+
+def learning_curve(uri: str, run_id: str) -> Curve | None:
+    """A trial's learning curve: its ``learning_curve.json`` artifact, else its ``curve.*`` metric histories, else None."""
+    from paretolab.training.curves import ARTIFACT, HISTORIES, read_curve  # the package imports torch: only when a curve is read
+
+    detail = run_detail(uri, run_id)
+    if detail is None:
+        return None
+    return read_curve(lambda: read_artifact(uri, detail, ARTIFACT), lambda: metric_histories(uri, run_id, HISTORIES))
 
 
 def _local_dir(artifact_uri: str) -> Path | None:

@@ -2,8 +2,10 @@
 
 Study ``demo``: two objectives (ppl, size_bytes), methods magnitude | none then rtn | none,
 ten complete trials (one of the unmodified model), two failed (one with a traceback artifact),
-one still running. Study ``single``: one complete trial. Optuna trials are added with
-``create_trial``; MLflow runs are logged with paretolab's own ``Tracker``, as the driver does.
+one still running. Study ``single``: one complete trial. Study ``training``: bhyt | dyt | none
+then a train stage on seeds 0-2, with learning curves (see ``add_training_study``). Optuna
+trials are added with ``create_trial``; MLflow runs are logged with paretolab's own ``Tracker``,
+as the driver does.
 """
 
 from __future__ import annotations
@@ -112,7 +114,58 @@ def build_stores(home: Path) -> Stores:
             params, dists = _params("none", None, "rtn", 8)
             study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.RUNNING))
             number += 1
+    add_training_study(stores)
     return stores
+
+
+TRAINING_PIPELINE = {
+    "name": "training", "model": "scratch-1m", "task": {"name": "perplexity", "corpus": "pystdlib-val"},
+    "stages": [{"choice": [{"method": "bhyt"}, {"method": "dyt"}, {"method": "none"}]},
+               {"method": "train", "params": {"tokens": 4096, "seq_len": 64, "batch": 4, "seed": [0, 1, 2]}}],
+    "objectives": [{"metric": "val_loss", "direction": "minimize"}, {"metric": "train_flops", "direction": "minimize"}],
+    "search": {"sampler": "grid", "trials": 7, "seed": 0},
+}
+NORMS = CategoricalDistribution(["bhyt", "dyt", "none"])
+SEEDS = CategoricalDistribution([0, 1, 2])
+CURVE_POINTS = 4  # eval points: tokens 1024 * i for i = 1..4
+
+
+def curve_loss(method: str, seed: int, i: int) -> float:
+    """The fixture's val_loss at eval point ``i``: none 4 - 0.5 i + 0.1 seed; bhyt 0.2 lower; dyt 0.1 lower."""
+    return 4.0 - 0.5 * i + 0.1 * seed - {"none": 0.0, "bhyt": 0.2, "dyt": 0.1}[method]
+
+
+def curve_flops(method: str, i: int) -> float:
+    return (2.2e6 if method == "bhyt" else 2.0e6) * i
+
+
+def add_training_study(stores: Stores) -> None:
+    """Trials 0-5: bhyt and none on seeds 0-2 with a ``learning_curve.json`` artifact (the train stage's format);
+    trial 6: dyt on seed 0 with the curve only as ``curve.*`` metric history (step = tokens)."""
+    import json
+
+    from paretolab.tracking import Tracker
+    from paretolab.trial import TrialResult
+
+    study = optuna.create_study(study_name="training", storage=stores.optuna_url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["val_loss", "minimize"], ["train_flops", "minimize"]])
+    study.set_user_attr("model", "scratch-1m")
+    study.set_user_attr("methods", ["bhyt", "dyt", "none", "train"])
+    study.set_user_attr("pipeline", TRAINING_PIPELINE)
+    tracker = Tracker(stores, "training")
+    parent = tracker.study_run({}, {"pipeline": TRAINING_PIPELINE})
+    trials = [(m, s) for m in ("bhyt", "none") for s in range(3)] + [("dyt", 0)]
+    for number, (method, seed) in enumerate(trials):
+        rows = [{"stage": "stage1", "step": 8 * i, "tokens": 1024 * i, "flops": curve_flops(method, i), "train_loss": curve_loss(method, seed, i) + 0.05,
+                 "val_loss": curve_loss(method, seed, i), "lr": 3e-3, "s": 0.5 * i} for i in range(1, CURVE_POINTS + 1)]
+        final = rows[-1]
+        artifacts = {} if method == "dyt" else {"learning_curve.json": json.dumps({"rows": rows, "seed": seed}).encode()}
+        history = {f"curve.{k}": [(r["tokens"], r[k]) for r in rows] for k in ("val_loss", "train_loss")}  # the train stage logs both
+        result = TrialResult(metrics={"val_loss": final["val_loss"], "train_flops": final["flops"], "train_tokens": final["tokens"]},
+                             artifacts=artifacts, history=history)
+        run_id = tracker.log_trial(parent, number, {"stage0.method": method, "stage1.method": "train", "stage1.train.seed": seed}, result, {})
+        study.add_trial(create_trial(params={"stage0.method": method, "train.seed": seed}, distributions={"stage0.method": NORMS, "train.seed": SEEDS},
+                                     values=[final["val_loss"], final["flops"]], user_attrs={"mlflow_run_id": run_id}))
 
 
 @pytest.fixture(scope="session")

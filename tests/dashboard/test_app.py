@@ -55,7 +55,7 @@ def frame_of(at: AppTest, index: int = 0):
 def test_studies_lists_every_study_with_counts_and_progress(store_env):
     at = open_app()
     table = frame_of(at).set_index("study")
-    assert list(table.index) == ["demo", "single"]
+    assert list(table.index) == ["demo", "single", "training"]
     assert table.loc["demo", ["complete", "failed", "running", "planned"]].tolist() == [10, 2, 1, 16]
     assert table.loc["demo", "progress"] == pytest.approx(12 / 16)
     assert "ppl (min)" in table.loc["demo", "objectives"]
@@ -199,7 +199,7 @@ def test_one_trial_study(store_env):
     assert not at.exception
 
 
-@pytest.mark.parametrize("page", ["Studies", "Frontier", "Trial", "Compare"])
+@pytest.mark.parametrize("page", ["Studies", "Frontier", "Trial", "Compare", "Curves"])
 def test_empty_store_says_so_without_a_traceback(empty_env, page):
     at = open_app(page)
     assert any("No studies in" in i.value for i in at.info)
@@ -234,3 +234,66 @@ def test_the_dashboard_never_creates_a_missing_home(tmp_path, monkeypatch):
     stores = stores_from(argparse.Namespace(home=str(home), storage=None, tracking_uri=None))
     assert str(home) in stores.optuna_url
     assert not home.exists(), "the dashboard only reads: it must not create the stores' folder"
+
+
+def _trace(fig: dict, name: str) -> dict:
+    return next(t for t in fig["data"] if t.get("name") == name)
+
+
+def test_curves_group_seeds_into_a_mean_line_and_a_min_max_band(store_env):
+    from tests.dashboard.conftest import CURVE_POINTS, curve_loss
+
+    at = open_app("Curves", "training")
+    assert "Curves · training" in texts(at)
+    fig = figure(at)
+    assert fig["layout"]["xaxis"]["title"]["text"] == "training tokens"
+    # the fixed train stage is in every trial, so groups are named by the choice alone
+    assert {t["name"] for t in fig["data"] if not t["name"].endswith("band")} == {"bhyt (3 seeds)", "none (3 seeds)", "dyt (1 seed)"}
+    bhyt = _trace(fig, "bhyt (3 seeds)")
+    points = range(1, CURVE_POINTS + 1)
+    assert bhyt["x"] == [1024 * i for i in points]
+    assert bhyt["y"] == pytest.approx([sum(curve_loss("bhyt", s, i) for s in range(3)) / 3 for i in points])
+    high, low = [t for t in fig["data"] if t["name"] == "bhyt band"]
+    assert high["y"] == pytest.approx([curve_loss("bhyt", 2, i) for i in points])  # the worst seed
+    assert low["y"] == pytest.approx([curve_loss("bhyt", 0, i) for i in points]) and low["fill"] == "tonexty"
+    # dyt logged its curve only as metric history (step = tokens): it is still drawn against tokens
+    assert _trace(fig, "dyt (1 seed)")["y"] == pytest.approx([curve_loss("dyt", 0, i) for i in points])
+    table = frame_of(at).set_index("group")
+    assert table.loc["bhyt", "seeds"] == "0, 1, 2" and table.loc["bhyt", "trials"] == "0, 1, 2"
+    assert table.loc["none", "final val_loss (mean)"] == pytest.approx(curve_loss("none", 1, CURVE_POINTS))
+    assert table.loc["none", "max"] == pytest.approx(curve_loss("none", 2, CURVE_POINTS))
+
+
+def test_curves_against_flops_per_seed_with_train_loss_and_stderr_band(store_env):
+    from tests.dashboard.conftest import curve_flops, curve_loss
+
+    at = open_app("Curves", "training")
+    at.radio(key="cx").set_value("flops").run()
+    fig = figure(at)
+    assert fig["layout"]["xaxis"]["title"]["text"] == "training FLOPs"
+    assert _trace(fig, "bhyt (3 seeds)")["x"] == pytest.approx([curve_flops("bhyt", i) for i in range(1, 5)])
+    assert not any(t["name"].startswith("dyt") for t in fig["data"]), "a metric-history curve has no FLOPs"
+    assert "1 trial(s) have their curve only as metric history (tokens, no FLOPs)" in texts(at)
+    assert frame_of(at).set_index("group").loc["bhyt", "flops at end (mean)"] == pytest.approx(curve_flops("bhyt", 4))
+
+    at.radio(key="cband").set_value("± stderr").run()
+    high = [t for t in figure(at)["data"] if t["name"] == "none band"][0]
+    # seeds differ by 0.1 each: sd 0.1, stderr 0.1 / sqrt(3) above the mean
+    assert high["y"][0] == pytest.approx(curve_loss("none", 1, 1) + 0.1 / 3 ** 0.5)
+
+    at.radio(key="cband").set_value("one line per seed").run()
+    at.toggle(key="ctrain").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    names = [t["name"] for t in figure(at)["data"]]
+    assert "bhyt · seed 2" in names and "none · train_loss · seed 0" in names and len(names) == 12  # 6 seeds x 2 losses
+    dashed = next(t for t in figure(at)["data"] if t["name"] == "none · train_loss · seed 0")
+    assert dashed["line"]["dash"] == "dash" and dashed["y"][0] == pytest.approx(curve_loss("none", 0, 1) + 0.05)
+
+
+def test_a_study_without_curves_gets_one_line_not_an_error(store_env):
+    at = open_app("Curves", "demo")
+    assert [i.value for i in at.info] == [
+        "Study 'demo' has no learning curves: none of its trials logged a `learning_curve.json` artifact or "
+        "`curve.val_loss` history (only pipelines with a `train` stage do)."
+    ]
+    assert not at.get("plotly_chart")

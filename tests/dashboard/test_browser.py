@@ -94,3 +94,27 @@ def test_frontier_renders_and_a_click_opens_the_trial(dashboard, tmp_path):
     if not os.environ.get("CI"):
         (ROOT / "docs").mkdir(exist_ok=True)
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
+
+
+@pytest.mark.slow
+def test_curves_page_draws_a_line_per_group_with_its_band(dashboard, tmp_path):
+    assert Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set PARETOLAB_CHROMIUM)"
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{dashboard}/?page=Curves&study=training", wait_until="domcontentloaded")
+            expect(page.get_by_text("Curves · training")).to_be_visible(timeout=60_000)
+            expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+            for name in ("bhyt (3 seeds)", "none (3 seeds)", "dyt (1 seed)"):
+                expect(page.locator(".js-plotly-plot .legendtext", has_text=name)).to_have_count(1, timeout=30_000)
+            # plotly drew the lines and the filled bands (a band is a filled path between min and max)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .scatterlayer .js-line').length >= 3", timeout=30_000)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .scatterlayer .js-fill').length >= 2", timeout=30_000)
+            page.get_by_text("flops", exact=True).click()
+            expect(page.locator(".js-plotly-plot .g-xtitle", has_text="training FLOPs")).to_have_count(1, timeout=30_000)
+            page.screenshot(path=str(tmp_path / "dashboard-curves.png"), full_page=False)
+        finally:
+            browser.close()

@@ -1,0 +1,245 @@
+"""A pipeline's ``claim:`` and its verdict from the stored trials (``paretolab report`` prints it).
+
+```yaml
+claim: {text: "BHyT trains to a lower loss than RMSNorm", metric: val_loss, method: bhyt, baseline: none,
+        expect: lower, pair_by: seed}
+```
+
+``method`` and ``baseline`` are labels of what the pipeline's ``choice`` stages picked (``bhyt``,
+``none``, ``magnitude+rtn``: the chosen methods other than ``none`` joined by ``+``; ``none`` when
+every choice picked ``none``); fixed stages such as ``train`` are in every trial and so not
+named. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
+value and the same value of every other parameter that belongs to neither side's methods
+(e.g. ``train.lr``, ``train.tokens``). The verdict is on the paired differences
+``metric(method) - metric(baseline)``: their mean and a 95 % Student-t interval over the pairs
+(a t interval rather than a bootstrap: studies pair over a handful of seeds, where a bootstrap's
+percentiles are degenerate). *held* when the interval lies on the expected side of 0, *did not
+hold* when it lies on the other side, *within noise* when it contains 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from paretolab.errors import ConfigError
+
+FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by")
+EXPECT = ("lower", "higher")
+LEVEL = 0.95
+EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    metric: str
+    method: str
+    baseline: str
+    expect: str = "lower"
+    pair_by: str = "seed"
+
+
+def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
+    """Validate the pipeline's ``claim:`` against its stages and the metric registry; None when absent."""
+    from paretolab.spec import _lookup, _no_unknown
+
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"claim: expected a mapping {{{', '.join(FIELDS)}}}, got {raw!r}")
+    _no_unknown(raw, FIELDS, "claim.")
+    for key in ("text", "metric", "method", "baseline"):
+        if key not in raw:
+            raise ConfigError(f"claim.{key}: required field is missing (a claim needs {', '.join(FIELDS[:5])}; pair_by defaults to seed)")
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise ConfigError(f"claim.{key}: expected text, got {raw[key]!r}")
+    metric = _lookup(regs.metrics, raw["metric"], "claim.metric").name
+    expect = raw.get("expect", "lower")
+    if expect not in EXPECT:
+        raise ConfigError(f"claim.expect: expected lower or higher (the direction the method should move {metric}), got {expect!r}")
+    labels = choice_methods(stages)
+    for key in ("method", "baseline"):
+        unknown = [m for m in raw[key].split("+") if m not in labels]
+        if unknown:
+            raise ConfigError(
+                f"claim.{key}: {raw[key]!r} names {', '.join(map(repr, unknown))}, which no `choice` stage offers; "
+                f"give methods of the choice stages joined by + ({', '.join(sorted(labels)) or 'the pipeline has no choice stage'})"
+            )
+    if raw["method"] == raw["baseline"]:
+        raise ConfigError(f"claim.baseline: {raw['baseline']!r} is also the claim's method; compare the method with another choice")
+    pair_by = raw.get("pair_by", "seed")
+    params = stage_params(stages, regs)
+    if not isinstance(pair_by, str) or not any(pair_by in (p, p.split(".", 1)[1]) for p in params):
+        raise ConfigError(
+            f"claim.pair_by: {pair_by!r} is no parameter of this pipeline's methods; "
+            f"give one of {', '.join(sorted(params)) or 'none'} (or its short name, e.g. seed)"
+        )
+    return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by)
+
+
+def claim_from(raw: Any) -> Claim | None:
+    """The claim a stored pipeline carries (validated when the study started), or None."""
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("text", "metric", "method", "baseline")):
+        return None
+    return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")))
+
+
+def choice_methods(stages: tuple[Any, ...]) -> set[str]:
+    """Methods offered by the ``choice`` stages of parsed stages."""
+    return {o.method for s in stages if len(s.options) > 1 for o in s.options}
+
+
+def stage_params(stages: tuple[Any, ...], regs: Any) -> set[str]:
+    """``method.param`` for every parameter the stages' methods have."""
+    out = set()
+    for stage in stages:
+        for option in stage.options:
+            method = regs.methods.get(option.method)
+            out |= {f"{option.method}.{p}" for p in {*method.search_space(), *method.defaults(), *option.params}}
+    return out
+
+
+# ---- verdicts -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Paired differences ``method - baseline`` with their mean and 95 % t interval."""
+
+    diffs: tuple[float, ...]
+    pairs: tuple[tuple[int, int], ...]  # (method trial, baseline trial)
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.diffs) / self.n if self.n else math.nan
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        if self.n < 2:
+            return None
+        from scipy.stats import t
+
+        sd = math.sqrt(sum((d - self.mean) ** 2 for d in self.diffs) / (self.n - 1))
+        half = float(t.ppf((1 + LEVEL) / 2, self.n - 1)) * sd / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    def verdict(self, expect: str) -> str:
+        """held / did not hold / within noise; or why there is no verdict."""
+        if self.n == 0:
+            return "no verdict: no matched pairs"
+        span = self.interval
+        if span is None:
+            return "no verdict: one pair (an interval needs at least two)"
+        low, high = span if expect == "lower" else (-span[1], -span[0])
+        return "held" if high < 0 else "did not hold" if low > 0 else "within noise"
+
+
+def trial_label(choices: dict[str, str]) -> str:
+    """The label of what a trial's choice stages picked: non-``none`` methods joined by ``+``, else ``none``."""
+    picked = [m for m in choices.values() if m != NONE]
+    return "+".join(picked) or NONE
+
+
+def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """(method, baseline) trial pairs matched on ``pair_by`` and the shared parameters; and how many keys were ambiguous.
+
+    Each trial is ``{"trial", "label", "params": {"method.param": value}, metrics...}``. A key
+    with more than one trial on a side (e.g. a baseline searched over its own parameter while
+    the method is not) cannot be paired unambiguously and is counted, not guessed.
+    """
+    own = {*claim.method.split("+"), *claim.baseline.split("+")}
+
+    def key(trial: dict[str, Any]) -> tuple[Any, ...] | None:
+        params = trial["params"]
+        by = [v for k, v in params.items() if claim.pair_by in (k, k.split(".", 1)[-1])]
+        if not by:
+            return None
+        shared = sorted((k, repr(v)) for k, v in params.items()
+                        if k.split(".", 1)[0] not in own and claim.pair_by not in (k, k.split(".", 1)[-1]))
+        return (repr(by[0]), *shared)
+
+    sides: dict[str, dict[tuple[Any, ...], list[dict[str, Any]]]] = {"method": {}, "baseline": {}}
+    for trial in trials:
+        side = "method" if trial["label"] == claim.method else "baseline" if trial["label"] == claim.baseline else None
+        k = key(trial) if side else None
+        if side and k is not None and isinstance(trial.get(claim.metric), (int, float)):
+            sides[side].setdefault(k, []).append(trial)
+    pairs, ambiguous = [], 0
+    for k in sorted(set(sides["method"]) & set(sides["baseline"])):
+        m, b = sides["method"][k], sides["baseline"][k]
+        if len(m) == 1 and len(b) == 1:
+            pairs.append((m[0], b[0]))
+        else:
+            ambiguous += 1
+    return pairs, ambiguous
+
+
+def paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], value: Callable[[dict[str, Any], dict[str, Any]], float | None]) -> Paired:
+    """The differences ``value(method, baseline)`` over the pairs where it is defined."""
+    kept = [(m, b, value(m, b)) for m, b in pairs]
+    kept = [(m, b, d) for m, b, d in kept if d is not None and math.isfinite(d)]
+    return Paired(tuple(d for _, _, d in kept), tuple((int(m["trial"]), int(b["trial"])) for m, b, _ in kept))
+
+
+def equal_flops_difference(m: dict[str, Any], b: dict[str, Any], curve: Callable[[str], Any]) -> float | None:
+    """``val_loss(method) - val_loss(baseline)`` at the smaller of their two training budgets; None when budgets match or a curve is missing.
+
+    The trial with the larger ``train_flops`` has its learning curve read (interpolated) at the
+    other's ``train_flops``; the other contributes its final ``val_loss``.
+    """
+    if not _budgets_differ(m, b):
+        return None
+    larger, smaller = (m, b) if m["train_flops"] > b["train_flops"] else (b, m)
+    read = curve(larger.get("run_id", ""))
+    at = read.at("flops", float(smaller["train_flops"])) if read is not None and read.has("flops") else None
+    final = smaller.get("val_loss")
+    if at is None or not isinstance(final, (int, float)):
+        return None
+    return at - final if larger is m else final - at
+
+
+def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str], Any]) -> list[str]:
+    """The Markdown block at the top of a study's section: the claim, the baseline, the verdict(s)."""
+    pairs, ambiguous = pair_trials(claim, trials)
+    result = paired(pairs, lambda m, b: float(m[claim.metric]) - float(b[claim.metric]))
+    lines = [f"**Claim:** {claim.text}", "",
+             f"Method `{claim.method}` against baseline `{claim.baseline}` on `{claim.metric}` ({claim.expect} expected), "
+             f"paired on `{claim.pair_by}` and every other shared parameter.", ""]
+    lines.append(f"**Verdict: {result.verdict(claim.expect)}** — {_difference(claim, claim.metric, result)}.")
+    if ambiguous:
+        lines.append(f"{ambiguous} `{claim.pair_by}` value(s) left out: more than one trial on a side with the same parameters.")
+    flops = paired(pairs, lambda m, b: equal_flops_difference(m, b, curve))
+    if flops.n:
+        verdict = f"**{flops.verdict(claim.expect)}** — " if claim.metric == "val_loss" else ""
+        lines += ["", f"At equal training FLOPs: {verdict}{_difference(claim, 'val_loss', flops)}; where budgets differ the "
+                      "larger budget's learning curve is read (linearly interpolated) at the smaller budget's `train_flops`."]
+    elif any(_budgets_differ(m, b) for m, b in pairs):  # budgets differ, yet no pair gave a reading: the curves are missing
+        lines += ["", "Budgets differ between paired trials, but their learning curves (`learning_curve.json`) are not "
+                      "readable from the store: no loss at equal FLOPs."]
+    return [*lines, ""]
+
+
+def _difference(claim: Claim, metric: str, result: Paired) -> str:
+    name = f"{metric} {claim.method} − {claim.baseline}"
+    if result.n == 0:
+        return f"{name}: no pair of trials with the same `{claim.pair_by}` and other parameters reported it"
+    span = result.interval
+    ci = f" [{_num(span[0])}, {_num(span[1])}] (95 % t interval)" if span else ""
+    return f"{name} = {_num(result.mean)}{ci}, mean over n = {result.n} pair(s) (trials {', '.join(f'{a}–{b}' for a, b in result.pairs)})"
+
+
+def _budgets_differ(m: dict[str, Any], b: dict[str, Any]) -> bool:
+    fm, fb = m.get("train_flops"), b.get("train_flops")
+    return isinstance(fm, (int, float)) and isinstance(fb, (int, float)) and fb > 0 and abs(fm - fb) > EQUAL_FLOPS_TOLERANCE * fb
+
+
+def _num(value: float) -> str:
+    return f"{value:+.4g}"

@@ -1,0 +1,192 @@
+"""A pipeline's claim: refused with a named error when malformed; its verdict in the report from stored trials."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import create_trial
+
+from paretolab import report
+from paretolab.errors import ConfigError
+from paretolab.spec import parse_spec
+from paretolab.stores import Stores
+from tests.conftest import edited
+
+# magnitude | none, then rtn with bits searched: bits plays the seed's part (the train stage's seed is the usual pair_by)
+PIPELINE = {
+    "name": "claimed",
+    "model": "tiny-llama",
+    "task": {"name": "perplexity", "corpus": "pydoc", "max_tokens": 4096},
+    "stages": [
+        {"choice": [{"method": "magnitude", "params": {"sparsity": 0.5}}, {"method": "none"}]},
+        {"method": "rtn", "params": {"bits": [4, 8]}},
+    ],
+    "objectives": [{"metric": "ppl"}, {"metric": "size_bytes"}],
+    "claim": {"text": "pruning half the weights costs perplexity", "metric": "ppl", "method": "magnitude",
+              "baseline": "none", "expect": "higher", "pair_by": "bits"},
+}
+
+
+def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
+    spec = parse_spec(PIPELINE)
+    assert spec.claim is not None and (spec.claim.method, spec.claim.baseline, spec.claim.expect, spec.claim.pair_by) == ("magnitude", "none", "higher", "bits")
+    reworded = parse_spec(edited(PIPELINE, "claim.text", "another wording"))
+    without = parse_spec(edited(PIPELINE, "claim", KeyError))
+    assert spec.pipeline_hash() == reworded.pipeline_hash() == without.pipeline_hash()  # editing a claim does not block --resume
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by}, got 'better'"),
+        ("claim.verdict", "held", "claim.verdict: unknown field"),
+        ("claim.text", KeyError, "claim.text: required field is missing"),
+        ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
+        ("claim.method", "wanda", "claim.method: 'wanda' names 'wanda', which no `choice` stage offers; give methods of the choice stages joined by + (magnitude, none)"),
+        ("claim.baseline", "magnitude", "claim.baseline: 'magnitude' is also the claim's method"),
+        ("claim.expect", "better", "claim.expect: expected lower or higher"),
+        ("claim.pair_by", KeyError, "claim.pair_by: 'seed' is no parameter of this pipeline's methods; give one of"),  # the default
+    ],
+)
+def test_a_malformed_claim_is_refused_naming_the_field(path, value, message):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, path, value))
+    assert message in str(err.value)
+
+
+# ---- verdicts on stored trials ------------------------------------------------------------------
+
+STAGE0 = CategoricalDistribution(["bhyt", "none"])
+SEEDS = CategoricalDistribution([0, 1, 2])
+TRAINING = {
+    "name": "norms", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc"},
+    "stages": [{"choice": [{"method": "bhyt"}, {"method": "none"}]},
+               {"method": "train", "params": {"tokens": 4096, "lr": 0.003, "seed": [0, 1, 2]}}],
+    "objectives": [{"metric": "val_loss"}, {"metric": "train_flops"}],
+}
+
+
+def _curve(flops: float, final: float) -> bytes:
+    """A learning curve falling linearly from final + 1 to ``final`` over ``flops``, four eval points."""
+    rows = [{"stage": "stage1", "step": 10 * i, "tokens": 1024 * i, "flops": flops * i / 4, "train_loss": final + 1.1 - i / 4,
+             "val_loss": final + 1 - i / 4, "lr": 0.003, "s": float(i)} for i in range(1, 5)]
+    return json.dumps({"rows": rows, "seed": 0}).encode()
+
+
+def _add_study(stores, name, trials, claim, *, curves=True) -> None:
+    """A training study written as the driver writes one: Optuna trials, MLflow runs with learning-curve artifacts."""
+    from paretolab.tracking import Tracker
+    from paretolab.trial import TrialResult
+
+    pipeline = {**TRAINING, "name": name, "claim": claim}
+    study = optuna.create_study(study_name=name, storage=stores.optuna_url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["val_loss", "minimize"], ["train_flops", "minimize"]])
+    study.set_user_attr("model", "scratch-1m")
+    study.set_user_attr("pipeline", pipeline)
+    tracker = Tracker(stores, name)
+    parent = tracker.study_run({}, {"pipeline": pipeline})
+    for number, (method, seed, loss, flops) in enumerate(trials):
+        artifacts = {"learning_curve.json": _curve(flops, loss)} if curves else {}
+        result = TrialResult(metrics={"val_loss": loss, "train_flops": flops}, artifacts=artifacts)
+        run_params = {"stage0.method": method, "stage1.method": "train", "stage1.train.seed": seed, "stage1.train.lr": 0.003,
+                      "stage1.train.tokens": 4096, "trial.attempt": 1}
+        run_id = tracker.log_trial(parent, number, run_params, result, {})
+        study.add_trial(create_trial(params={"stage0.method": method, "train.seed": seed}, distributions={"stage0.method": STAGE0, "train.seed": SEEDS},
+                                     values=[loss, flops], user_attrs={"mlflow_run_id": run_id}))
+
+
+CLAIM = {"text": "BHyT trains to a lower loss than RMSNorm", "metric": "val_loss", "method": "bhyt", "baseline": "none",
+         "expect": "lower", "pair_by": "seed"}
+BASE = [3.0, 3.2, 2.9]  # the baseline's val_loss on seeds 0, 1, 2
+
+
+def _paired(diffs, flops=(1e9, 1e9)):
+    """Baseline trials 0-2 (seeds 0-2), then method trials 3-5 whose loss is the same seed's plus ``diffs``."""
+    return [("none", s, BASE[s], flops[1]) for s in range(3)] + [("bhyt", s, BASE[s] + d, flops[0]) for s, d in enumerate(diffs)]
+
+
+STUDIES = {  # name -> (trials, claim, curves)
+    "held": (_paired([-0.10, -0.12, -0.11]), CLAIM, True),
+    "not_held": (_paired([0.20, 0.22, 0.21]), CLAIM, True),
+    "noise": (_paired([0.05, -0.06, 0.02]), CLAIM, True),
+    "higher": (_paired([0.20, 0.22, 0.21]), {**CLAIM, "expect": "higher"}, True),
+    # baseline trials stored as seeds 2, 0, 1 and method trials as 1, 2, 0; the method lowers each seed's loss by exactly 0.1
+    "order": ([("none", s, BASE[s], 1e9) for s in (2, 0, 1)] + [("bhyt", s, BASE[s] - 0.1, 1e9) for s in (1, 2, 0)], CLAIM, True),
+    "flops": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, True),
+    "no_curves": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, False),
+    "one_pair": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], CLAIM, True),
+    "no_claim": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], None, True),
+}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> Stores:
+    """One store holding every scenario as its own study (an MLflow store is the slow part to create)."""
+    home = tmp_path_factory.mktemp("claims")
+    stores = Stores(f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}", str(home / "artifacts"))
+    for name, (trials, claim, curves) in STUDIES.items():
+        _add_study(stores, name, trials, claim, curves=curves)
+    return stores
+
+
+def _section(stores, name):
+    return report.study_section(name, stores, ["val_loss"], frontier=False)
+
+
+def _verdict(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("**Verdict"))
+
+
+def test_claim_held_when_every_paired_difference_is_on_the_expected_side(stores):
+    text = _section(stores, "held")
+    lines = text.splitlines()
+    assert lines[0] == "## held" and lines[2] == "**Claim:** BHyT trains to a lower loss than RMSNorm"  # at the top of the section
+    assert "against baseline `none` on `val_loss` (lower expected), paired on `seed`" in text
+    verdict = _verdict(text)
+    assert verdict.startswith("**Verdict: held** — val_loss bhyt − none = -0.11 [")
+    assert "(95 % t interval), mean over n = 3 pair(s) (trials 3–0, 4–1, 5–2)" in verdict
+    # t(0.975, 2) = 4.303; sd of (-.10, -.12, -.11) is 0.01: the interval is -0.11 ± 0.02484
+    low, high = (float(x) for x in verdict.split("[", 1)[1].split("]", 1)[0].split(","))
+    assert low == pytest.approx(-0.11 - 0.02484, abs=2e-4) and high == pytest.approx(-0.11 + 0.02484, abs=2e-4)
+    assert "equal training FLOPs" not in text  # equal budgets: nothing to read off the curves
+
+
+def test_claim_did_not_hold_when_the_method_is_worse_on_every_pair(stores):
+    assert _verdict(_section(stores, "not_held")).startswith("**Verdict: did not hold** — val_loss bhyt − none = +0.21 [")
+
+
+def test_claim_within_noise_when_the_interval_contains_zero(stores):
+    assert _verdict(_section(stores, "noise")).startswith("**Verdict: within noise** — val_loss bhyt − none = +0.003333 [-0.1")
+
+
+def test_expect_higher_turns_the_verdict_round(stores):
+    assert _verdict(_section(stores, "higher")).startswith("**Verdict: held**")
+
+
+def test_pairs_are_matched_on_the_seed_not_on_the_trial_order(stores):
+    verdict = _verdict(_section(stores, "order"))
+    assert "= -0.1 [-0.1, -0.1]" in verdict, verdict  # zero spread: only a seed-matched pairing gives equal differences
+    assert "trials 5–1, 3–2, 4–0" in verdict  # (method, baseline) for seeds 0, 1, 2
+
+
+def test_loss_at_equal_flops_reads_the_larger_budgets_curve(stores):
+    # bhyt spends 0.5e9 FLOPs, the baseline 1e9: the baseline's curve is read at 0.5e9, where it is final + 0.5
+    text = _section(stores, "flops")
+    line = next(line for line in text.splitlines() if line.startswith("At equal training FLOPs"))
+    # val_loss(bhyt) - baseline curve at 0.5e9 = (base + 0.05) - (base + 0.5) = -0.45 on every pair
+    assert line.startswith("At equal training FLOPs: **held** — val_loss bhyt − none = -0.45 [-0.45, -0.45]"), line
+    assert _verdict(text).startswith("**Verdict: did not hold**")  # at its own (smaller) budget the loss is higher
+
+
+def test_unreadable_curves_are_said_when_budgets_differ(stores):
+    assert "their learning curves (`learning_curve.json`) are not readable from the store" in _section(stores, "no_curves")
+
+
+def test_one_pair_gives_no_verdict_and_a_study_without_a_claim_gets_no_block(stores):
+    verdict = _verdict(_section(stores, "one_pair"))
+    assert verdict.startswith("**Verdict: no verdict: one pair (an interval needs at least two)** — val_loss bhyt − none = -0.1, mean over n = 1")
+    plain = _section(stores, "no_claim")
+    assert "Claim" not in plain and "Verdict" not in plain
