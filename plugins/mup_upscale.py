@@ -26,6 +26,11 @@ name in ``training_of(subject).optimizer_state`` (the train stage carries it bet
 ``sp`` the same way. The per-parameter factors follow one rule: a tensor duplicated n times and
 multiplied by c gets gradients × s = 1/(n·c), learning rate × c, weight decay / c, ε × s — with
 those, training the wide model without noise retraces the narrow one exactly.
+
+The wide-from-scratch baseline is written ``none → mup_upscale → train``: a `random init` model
+that no train stage has touched is widened like any other, and the next train stage (``init:
+auto``) re-initialises it from its own seed, so it trains the wide model from scratch — with the
+μP learning-rate groups (``mup``: the narrow model's lr transferred by μP's rules) or one lr (``sp``).
 """
 
 from __future__ import annotations
