@@ -46,6 +46,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.token_sparse_attention",
     "paretolab.plugins.speculative",
     "paretolab.training.method",
+    "paretolab.plugins.layer_dropout",
+    "paretolab.plugins.mup_upscale",
 )
 
 

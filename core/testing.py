@@ -71,10 +71,11 @@ def reported_bytes(subject: Subject, ctx: TrialContext) -> int:
 
 
 def observable_state(subject: Subject) -> tuple[Any, ...]:
-    """What a method may change: the model's output, its modules and config, the generator, the tokenizer, the storage records."""
+    """What a method may change: the model's output, its modules and config, the generator, the tokenizer, the storage records, the training hooks."""
     config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
     modules = tuple(type(m).__name__ for m in subject.model.modules())
-    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage))
+    hooks = tuple((type(h).__name__, h.method) for h in subject.training.hooks) if subject.training is not None else ()
+    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks)
 
 
 # factory functions that make a tensor from nothing: where it lives is the caller's choice
