@@ -8,8 +8,9 @@ each block computes the statistic of its input once, var_x = mean(x²) over the 
 norm does not measure its input: it predicts its variance as var_x + c_attn·λ_in²·κ⁻² (λ_in the
 input norm's λ, detached), with c_attn = ‖W_V W_O‖²_F / (T·d) (W_V expanded over GQA groups,
 T the sequence length, d the hidden size), and applies γ·tanh(λ_post·rstd₂·h) with λ_post init 1.
-c_attn is computed once from the weights at the first forward pass (the official lazy path; T is
-that pass's length, the training seq_len in a study) and then kept fixed. The final norm stays
+c_attn is computed once from the weights and then kept fixed: before the first step of a ``train``
+stage, with T = its seq_len (the official precompute with T = the training cutoff length), else at
+the first forward pass with T = that pass's length (the official lazy path). The final norm stays
 RMSNorm (their released configs use last_layer_lam = 0). Ours: the input norm hands its statistic
 to the post-attention norm of the same layer through a reference (no decoder-layer subclass), so
 any Pre-LN decoder with ``input_layernorm``/``post_attention_layernorm`` works; c_attn is a Python
@@ -45,6 +46,7 @@ from paretolab.measures import Measure
 from paretolab.options import option, parse_options
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.subject import Subject
+from paretolab.training.hooks import TrainingHook, training_of
 
 BHYT_PAPER = Paper("Bounded Hyperbolic Tanh: A Drop-in Replacement for Pre-LN (BHyT)", "", "https://github.com/MLAI-Yonsei/BHyT")
 DYT_PAPER = Paper("Transformers without Normalization", "CVPR 2025", "https://arxiv.org/abs/2503.10622")
@@ -116,6 +118,16 @@ def attention_gain(attention: torch.nn.Module, *, seq_len: int) -> float:
     return float((w_v.T @ w_o.T).pow(2).sum()) / (seq_len * hidden)
 
 
+class BHyTGain(TrainingHook):
+    """Before training (after re-initialisation) fix each unset c_attn with T = the train stage's seq_len."""
+
+    def convert_model(self, model: torch.nn.Module, state: Any) -> None:
+        seq_len = int(state.params.seq_len)
+        for module in model.modules():  # no stored references: the hook is copied apart from the model
+            if isinstance(module, BHyTPostNorm) and module.c_attn is None:
+                module.c_attn = attention_gain(module._links[1], seq_len=seq_len)
+
+
 class DyT(torch.nn.Module):
     """Dynamic Tanh: γ·tanh(α·x) + β with a learnable scalar α."""
 
@@ -182,6 +194,7 @@ class BHyT(Method):
             second = BHyTPostNorm(hidden, lam=float(p["post_lam"]), kappa=kappa, source=first, attention=layer.self_attn, device=ctx.device)
             layer.input_layernorm = _like(layer.input_layernorm, first)
             layer.post_attention_layernorm = _like(layer.post_attention_layernorm, second)
+        training_of(subject).attach(BHyTGain(), method=self.name)
         subject.info["norm"] = "bhyt"
         return subject
 

@@ -93,6 +93,22 @@ def test_reset_parameters_restores_the_init_and_remeasures_c_attn(tiny: Subject,
     assert layer.post_attention_layernorm.c_attn == pytest.approx(attention_gain(layer.self_attn, seq_len=16))
 
 
+def test_bhyt_fixes_c_attn_before_training_with_the_train_seq_len(tiny: Subject, ctx: TrialContext) -> None:
+    from types import SimpleNamespace
+
+    from paretolab.plugins.norms import BHyTGain
+    from paretolab.training.hooks import training_of
+
+    subject = BHyT().transform(tiny, {}, ctx)
+    [hook] = training_of(subject).of_type(BHyTGain)
+    hook.convert_model(subject.model, SimpleNamespace(params=SimpleNamespace(seq_len=128)))
+    layer = subject.model.model.layers[1]
+    assert layer.post_attention_layernorm.c_attn == pytest.approx(attention_gain(layer.self_attn, seq_len=128))
+    with torch.no_grad():
+        subject.model(input_ids=ids(16))  # a later forward of another length keeps it
+    assert layer.post_attention_layernorm.c_attn == pytest.approx(attention_gain(layer.self_attn, seq_len=128))
+
+
 def test_bhyt_copies_keep_their_own_links(tiny: Subject, ctx: TrialContext) -> None:
     subject = BHyT().transform(tiny, {}, ctx)
     copy = subject.copy()
