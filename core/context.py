@@ -29,6 +29,7 @@ class TrialContext:
     cpus: float = 0.0  # the trial's resources.cpus (0: not set); timing measures fix torch's threads to it
     base: Any = None  # the unmodified base Subject, for measures that time it beside the method; never modify it
     task: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.time() when the driver gives up on this trial (None: no limit); long stages stop before it
     artifacts: list[Path] = field(default_factory=list)
 
     def generator(self, offset: int = 0) -> torch.Generator:

@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.parallel_probe",
     "paretolab.plugins.token_sparse_attention",
     "paretolab.plugins.speculative",
+    "paretolab.training.method",
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
 )

@@ -30,6 +30,7 @@ class TrialResult:
     info: dict[str, Any] = field(default_factory=dict)
     simulated_by: list[str] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)], e.g. curve.val_loss by tokens
     error: str | None = None  # one line: the reason
     traceback: str | None = None
     worker: str = ""
@@ -49,3 +50,4 @@ class TrialSettings:
     measures: dict[str, dict[str, Any]] | None
     seed: int
     cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
+    timeout_s: float = 0.0  # search.trial_timeout_s (0: none): a training stage stops in time for the trial to finish

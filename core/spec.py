@@ -225,6 +225,9 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     from paretolab.calibration import check_calibration_corpus
 
     check_calibration_corpus(stages, task_name, task_options)  # before any trial calibrates on the test text
+    from paretolab.training.method import check_train_stages
+
+    check_train_stages(stages, task_name, task_options)  # train params in range; no training on the test text
     measures = _parse_measures(raw.get("measures"), regs)
     objectives = _parse_objectives(raw.get("objectives"), regs)
     search = _parse_search(raw.get("search") or {})

@@ -147,7 +147,8 @@ def _drive(
         return outcome
 
     _init_ray(address)
-    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus)
+    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
+                             timeout_s=spec.search.trial_timeout_s)
     pool = WorkerPool(spec.model, settings, spec.resources)
     n_workers = pool.size_for(target - done)
     shown = stores.redacted()

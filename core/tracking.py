@@ -88,6 +88,7 @@ class Tracker:
         metrics.update({f"stage_energy_j.{k.replace(':', '.')}": v for k, v in result.stage_energy_j.items()})
         info = {f"info.{k}": v for k, v in result.info.items()}
         self._log(run_id, metrics, {**params, **info}, {})
+        self._log_history(run_id, result.history)
         artifacts = dict(result.artifacts)
         if result.traceback:
             artifacts["traceback.txt"] = result.traceback.encode()
@@ -98,6 +99,17 @@ class Tracker:
                 self.client.log_artifacts(run_id, tmp)
         self.client.set_terminated(run_id, "FAILED" if result.failed else "FINISHED")
         return run_id
+
+    def _log_history(self, run_id: str, history: dict[str, list[tuple[int, float]]]) -> None:
+        """Metric histories (e.g. ``curve.val_loss`` by cumulative training tokens), in batches MLflow accepts."""
+        from mlflow.entities import Metric
+
+        import time
+
+        now = int(time.time() * 1000)
+        points = [Metric(k, float(v), now, int(step)) for k, series in history.items() for step, v in series if v == v]
+        for i in range(0, len(points), 1000):  # log_batch takes at most 1000 metrics per call
+            self.client.log_batch(run_id, metrics=points[i : i + 1000])
 
     def finish_study(self, parent: str, summary: dict[str, float]) -> None:
         self._log(parent, summary, {}, {})

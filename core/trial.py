@@ -19,6 +19,7 @@ from paretolab.options import parse_options
 from paretolab.records import TrialInfo, TrialResult, TrialSettings  # noqa: F401  (re-exported: paretolab.trial.TrialResult)
 from paretolab.search import StagePlan
 from paretolab.subject import Subject, synchronize, tokenizer_state
+from paretolab.training.method import curve_history
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
@@ -45,6 +46,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             cpus=settings.cpus,
             base=base,
             device=base.device,
+            deadline=time.time() + settings.timeout_s if settings.timeout_s > 0 else None,
         )
         try:
             with sampler, torch.random.fork_rng(devices=[]):
@@ -101,6 +103,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
             result.info["energy_source"] = meter.source
             result.simulated_by = list(subject.simulated_by)
+            result.history = curve_history(subject)
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)
             if unknown:
                 raise ValueError(f"unregistered metric(s) {unknown}: register them with the register_metrics hook")

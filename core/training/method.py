@@ -1,0 +1,201 @@
+"""The ``train`` stage as a built-in method plugin, its options, its metrics and its learning-curve artifact."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paretolab.context import TrialContext
+from paretolab.errors import ConfigError
+from paretolab.hookspec import hookimpl
+from paretolab.method import Method, Paper
+from paretolab.metrics import Metric
+from paretolab.options import option, parse_options
+from paretolab.subject import Subject
+from paretolab.training.hooks import training_of
+
+CURVE_ARTIFACT = "learning_curve.json"
+DEFAULT_VAL_CORPUS = "pystdlib-val"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    tokens: int | None = option(200_000, low=1)  # training tokens of this stage (budget; whichever of tokens/flops comes first)
+    flops: float | None = option(None, low=1.0)  # training FLOPs of this stage (forward + backward, attention counted)
+    max_minutes: float = option(8.0, low=0.01, high=24 * 60.0)  # wall-time cap of this stage (the trial timeout caps it too)
+    seq_len: int = option(128, low=2, high=32768)
+    batch: int = option(16, low=1, high=65536)
+    lr: float = option(3.0e-3, low=0.0, high=10.0)  # peak learning rate
+    warmup: float = option(0.05, low=0.0, high=1.0)  # fraction of the steps spent warming up linearly
+    min_lr_frac: float = option(0.1, low=0.0, high=1.0)  # the cosine decay's floor, as a fraction of lr
+    weight_decay: float = option(0.1, low=0.0, high=10.0)  # AdamW decay of matrices (norms, biases, embeddings: none)
+    clip: float = option(1.0, low=0.0)  # max global gradient norm (0: no clipping)
+    eval_every: int = option(50, low=1)  # steps between evaluation points of the curve
+    eval_tokens: int = option(16384, low=2)  # held-out tokens behind val_loss / val_bpb
+    seed: int = option(0, low=0)  # fixes data order and (init auto|reinit) the initial weights; independent of the trial seed
+    corpus: str = option("pystdlib-train", data="corpus")  # the training text
+    init: str = option("auto", one_of=("auto", "keep", "reinit"))  # auto: re-initialise a `random init` model before its first train stage
+    save_as: str = ""  # save the trained model as a model source under this name ({seed}, {trial} are filled in)
+
+
+TRAIN_METRICS: tuple[Metric, ...] = (
+    Metric("val_loss", "nats/token", "minimize", "train stage: mean next-token loss on eval_tokens held-out tokens after training"),
+    Metric("val_bpb", "bits/byte", "minimize", "train stage: held-out loss in bits per UTF-8 byte (total NLL / ln 2 / bytes), comparable across tokenizers"),
+    Metric("train_flops", "FLOPs", "minimize", "train stage: training FLOPs, all train stages (FlopCounterMode forward + backward per distinct step shape; CPU attention counted)"),
+    Metric("train_tokens", "tokens", "minimize", "train stage: training tokens (predicted positions), all train stages"),
+    Metric("train_tok_s", "tokens/s", "maximize", "train stage: training tokens per second of optimizer steps (evaluation points left out), last train stage"),
+    Metric("train_s", "s", "minimize", "train stage: wall time of the train stages, evaluation points included"),
+    Metric("peak_act_mb", "MiB", "minimize", "train stage: activations saved for backward over one step (saved-tensor hooks, unique storages, weights left out)"),
+    Metric("train_mem_mb", "MiB", "minimize", "train stage: parameters + gradients + AdamW state + peak_act_mb (a model of the footprint, not an allocator reading)"),
+    Metric("train_steps", "steps", "minimize", "train stage: optimizer steps, all train stages"),
+)
+
+
+class Train(Method):
+    """Train ``subject.model`` on a corpus (see :mod:`paretolab.training.loop`); training-time methods before it attach hooks."""
+
+    name = "train"
+    kind = "training"
+    paper = Paper("AdamW with linear warm-up and cosine decay (standard practice)", "", "https://arxiv.org/abs/1711.05101")
+    cost_is = "real"
+    requires = ()
+    metrics = tuple(m.name for m in TRAIN_METRICS)
+
+    def defaults(self) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(TrainOptions)}
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        from paretolab.training.loop import train
+
+        opts = parse_options(TrainOptions, params, where=f"stages.{ctx.stage or 'train'}.train.params")
+        if opts.tokens is None and opts.flops is None:
+            raise ConfigError("train: give a budget, tokens and/or flops (both are null)")
+        evaluated = _task_corpus(ctx)
+        check_not_evaluation_corpus(opts.corpus, evaluated, where=f"stages.{ctx.stage or 'train'}.train.params.corpus")
+        val_corpus = evaluated or held_out_corpus(opts.corpus)
+        subject.info["val_corpus"] = val_corpus
+        train(subject, opts, ctx, val_corpus=val_corpus)
+        record = training_of(subject)
+        ctx.add_artifact(CURVE_ARTIFACT, json.dumps({"rows": record.curve, "seed": opts.seed}, indent=1))
+        if opts.save_as:
+            save_trained(subject, opts.save_as.format(seed=opts.seed, trial=ctx.trial_number))
+        return subject
+
+    def evaluate(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        metrics = training_of(subject).metrics
+        return {k: metrics[k] for k in ("val_loss", "val_bpb") if k in metrics}
+
+    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        metrics = training_of(subject).metrics
+        return {k: v for k, v in metrics.items() if k not in ("val_loss", "val_bpb")}
+
+
+def _task_corpus(ctx: TrialContext) -> str | None:
+    """The corpus the trial's task scores on, if it has one (held out from training: the same one is refused)."""
+    if not ctx.task.get("name"):
+        return None
+    from paretolab.calibration import evaluation_corpus
+
+    options = {k: v for k, v in ctx.task.items() if k != "name"}
+    try:
+        return evaluation_corpus(str(ctx.task["name"]), options)
+    except KeyError:
+        return None
+
+
+def held_out_corpus(train_corpus: str) -> str:
+    """Where val_loss is measured when the task has no corpus: ``pystdlib-val``, or ``pydoc`` where that is not installed."""
+    from paretolab.calibration import corpus_identity
+    from paretolab.data import load_corpus
+
+    try:
+        load_corpus(DEFAULT_VAL_CORPUS)
+        return DEFAULT_VAL_CORPUS
+    except ConfigError:
+        if corpus_identity(train_corpus) == corpus_identity("pydoc"):
+            raise ConfigError(f"train: no held-out corpus: {DEFAULT_VAL_CORPUS!r} is not installed and the stage trains on 'pydoc'; "
+                              "give the task a corpus to evaluate on") from None
+        return "pydoc"
+
+
+def check_not_evaluation_corpus(train_corpus: str, evaluated: str | None, *, where: str) -> None:
+    """Refuse training on the text the task evaluates on (its scores would be on seen tokens)."""
+    from paretolab.calibration import corpus_identity
+
+    if evaluated is not None and corpus_identity(train_corpus) == corpus_identity(evaluated):
+        raise ConfigError(
+            f"{where}: {train_corpus!r} is the corpus task.corpus evaluates on ({evaluated!r}); a model trained on its test text "
+            f"is scored on tokens it has seen. Train on another corpus (e.g. pystdlib-train) or evaluate on a held-out one (e.g. pystdlib-val)"
+        )
+
+
+def check_train_stages(stages: Any, task_name: str, task_options: dict[str, Any]) -> None:
+    """At parse time: every fixed or listed value of a ``train`` stage is in range, and no train corpus is the task's corpus."""
+    from paretolab.calibration import evaluation_corpus
+
+    evaluated = evaluation_corpus(task_name, task_options)
+    for stage in stages:
+        for opt in stage.options:
+            if opt.method != Train.name:
+                continue
+            where = f"stages.{stage.id}.train.params"
+            for key, spec in opt.params.items():
+                for value in list(getattr(spec, "values", None) or [getattr(spec, "value", None)]):
+                    if value is not None:
+                        parse_options(TrainOptions, {key: value}, where=where)
+            spec = opt.params.get("corpus")
+            corpora = [Train().defaults()["corpus"]] if spec is None else list(getattr(spec, "values", None) or [getattr(spec, "value", None)])
+            for corpus in corpora:
+                check_not_evaluation_corpus(str(corpus), evaluated, where=f"{where}.corpus")
+
+
+def trained_dir() -> Path:
+    """Where ``save_as`` puts trained models (each a Hugging Face directory any ``model:`` can name)."""
+    from paretolab.data import cache_dir
+
+    return cache_dir() / "trained"
+
+
+def save_trained(subject: Subject, name: str) -> Path:
+    """Save model + tokenizer as ``trained_dir()/name``; written beside it and renamed, so a killed trial leaves no half-written checkpoint."""
+    if not name or "/" in name or name.startswith("."):
+        raise ConfigError(f"train.save_as: {name!r} is not a plain name; give a name like 'scratch-5m-trained'")
+    target = trained_dir() / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{name}.{os.getpid()}.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subject.model.save_pretrained(tmp)
+    subject.tokenizer.save_pretrained(tmp)
+    info = {"weights": "fp32", "trained": {k: v for k, v in training_of(subject).metrics.items()}, "from": subject.model_name}
+    (tmp / "paretolab.json").write_text(json.dumps(info, indent=1))
+    old = target.with_name(f".{name}.{os.getpid()}.old")
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def curve_history(subject: Subject) -> dict[str, list[tuple[int, float]]]:
+    """The curve as MLflow metric histories (step = cumulative training tokens); empty when nothing was trained."""
+    if subject.training is None or not subject.training.curve:
+        return {}
+    rows = subject.training.curve
+    return {f"curve.{key}": [(int(r["tokens"]), float(r[key])) for r in rows] for key in ("train_loss", "val_loss")}
+
+
+@hookimpl
+def register_methods(register: Callable[[Method], None]) -> None:
+    register(Train())
+
+
+@hookimpl
+def register_metrics(register: Callable[[Metric], None]) -> None:
+    for metric in TRAIN_METRICS:
+        register(metric)
