@@ -1,4 +1,4 @@
-"""Evaluation data: the built-in corpus, WikiText-2, plain text files and jsonl task files.
+"""Evaluation and training data: the built-in corpora, WikiText-2, plain text files and jsonl task files.
 
 Offline first. A named data set is looked for in ``$PARETOLAB_DATA_DIR`` (the layout of the
 project's shared data folder: ``wikitext2/wiki.test.raw``, ``mc/*.jsonl``, ...), then in the
@@ -30,6 +30,19 @@ CHECKOUT: Path | None = _ROOT if (_ROOT / "pyproject.toml").is_file() else None
 PYDOC_SHA256: dict[str, str] = {
     "3.11": "d9dc35bce5ab1a24ed7f4c3c9b7c22450410e9d68279e3426db458c6be371621",
 }
+
+# sha256 of the pystdlib corpora (the standard library's own .py sources, see pystdlib_files), by
+# Python minor version: another patch release or a distribution's patched stdlib warns, not fails.
+PYSTDLIB_SHA256: dict[str, dict[str, str]] = {
+    "3.11": {"pystdlib-train": "a8d25cfbf0b3a0ce31fecbec98067eee6b8cac090a9173ed579e70d9d6bf2aff",
+              "pystdlib-val": "7909979fa648e35f313ffc49c6e7555212ba4e0e161b12f22fcc6b8a96ae7d36"},
+}
+PYSTDLIB_CORPORA = ("pystdlib-train", "pystdlib-val")
+BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA)  # built from what ships with Python: no data dir or network needed
+PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
+# Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the
+# prose of the `pydoc` corpus, kept unseen so it stays an out-of-distribution evaluation).
+PYSTDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "pydoc_data"})
 
 # Where the usual sources keep the files we read, relative to a data dir, and their URLs.
 KNOWN_FILES: dict[str, tuple[str, str]] = {
@@ -107,26 +120,62 @@ def pydoc_text() -> str:
     return "\n\n".join(topics[key].strip() for key in sorted(topics))
 
 
+def python_version() -> str:
+    import sys
+
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def pystdlib_files() -> list[tuple[str, Path]]:
+    """(relative posix path, file) of every standard-library .py source in the corpus, sorted by relative path."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root)
+        if not PYSTDLIB_EXCLUDED_DIRS.intersection(relative.parts[:-1]):
+            files.append((relative.as_posix(), path))
+    return sorted(files)
+
+
+def pystdlib_split(relative: str) -> str:
+    """``"pystdlib-val"`` or ``"pystdlib-train"``: fixed by the sha256 of the file's relative path, not by chance."""
+    bucket = int.from_bytes(hashlib.sha256(relative.encode("utf-8")).digest()[:8], "big") % 100
+    return "pystdlib-val" if bucket < PYSTDLIB_VAL_PERCENT else "pystdlib-train"
+
+
+def pystdlib_text(name: str) -> str:
+    """One split of the standard-library corpus: its files in path order, each under a ``# file:`` line."""
+    parts = [f"# file: {relative}\n{path.read_text(encoding='utf-8')}" for relative, path in pystdlib_files() if pystdlib_split(relative) == name]
+    return "\n\n".join(parts)
+
+
+def _warn_unpinned(name: str, digest: str, pinned: str | None) -> None:
+    if pinned and pinned != digest:
+        warnings.warn(
+            f"corpus {name!r} on this Python differs from the pinned text ({digest[:12]} != {pinned[:12]}); "
+            "perplexities and trained models are not comparable with runs on other machines",
+            stacklevel=3,
+        )
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @lru_cache(maxsize=8)
 def load_corpus(name: str) -> tuple[str, str]:
-    """(text, sha256) of a corpus: ``pydoc``, ``wikitext2``, or a path to a UTF-8 text file."""
-    import sys
-
+    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, ``wikitext2``, or a path to a UTF-8 text file."""
     if name == "pydoc":
         text = pydoc_text()
         digest = sha256_text(text)
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        pinned = PYDOC_SHA256.get(version)
-        if pinned and pinned != digest:
-            warnings.warn(
-                f"corpus 'pydoc' on this Python differs from the pinned text ({digest[:12]} != {pinned[:12]}); "
-                "perplexities are not comparable with runs on other machines",
-                stacklevel=2,
-            )
+        _warn_unpinned(name, digest, PYDOC_SHA256.get(python_version()))
+        return text, digest
+    if name in PYSTDLIB_CORPORA:
+        text = pystdlib_text(name)
+        digest = sha256_text(text)
+        _warn_unpinned(name, digest, PYSTDLIB_SHA256.get(python_version(), {}).get(name))
         return text, digest
     if name in KNOWN_FILES:
         relative, url = KNOWN_FILES[name]
@@ -140,7 +189,7 @@ def load_corpus(name: str) -> tuple[str, str]:
             raise ConfigError(f"corpus {name!r} is not UTF-8 text ({exc})") from exc
         return text, sha256_text(text)
     raise ConfigError(
-        f"corpus {name!r} is neither a built-in corpus (pydoc, {', '.join(KNOWN_FILES)}) nor a readable file"
+        f"corpus {name!r} is neither a built-in corpus ({', '.join(BUILTIN_CORPORA + tuple(KNOWN_FILES))}) nor a readable file"
     )
 
 

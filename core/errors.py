@@ -32,3 +32,7 @@ class TrialError(ParetolabError, RuntimeError):
 
 class CalibrationLeakError(ConfigError):
     """A method would calibrate on the very corpus the task evaluates on (its score would be inflated)."""
+
+
+class SaveNameError(ConfigError):
+    """A trained model cannot be saved under the name given (``train.save_as``) or cannot be saved as a model source at all."""

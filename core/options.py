@@ -103,14 +103,14 @@ def _check_range(parsed: Any, f: dataclasses.Field, where: str) -> None:
 
 def _data_problem(value: str, kind: str) -> str | None:
     """Why ``value`` cannot name the data it should (None when it can, as far as can be told here)."""
-    from paretolab.data import KNOWN_FILES
+    from paretolab.data import BUILTIN_CORPORA, KNOWN_FILES
 
     path = Path(value).expanduser()
     looks_like_path = "/" in value or "\\" in value or path.suffix != ""
     if kind == "corpus":
-        if value == "pydoc" or value in KNOWN_FILES or path.is_file():
+        if value in BUILTIN_CORPORA or value in KNOWN_FILES or path.is_file():
             return None
-        return f"is neither a built-in corpus (pydoc, {', '.join(KNOWN_FILES)}) nor an existing file; fix the path or pick a built-in corpus"
+        return f"is neither a built-in corpus ({', '.join(BUILTIN_CORPORA + tuple(KNOWN_FILES))}) nor an existing file; fix the path or pick a built-in corpus"
     if looks_like_path and not path.is_file():
         return "is not an existing file; fix the path, or give the name of a data set in the data dir"
     return None

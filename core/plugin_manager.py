@@ -32,6 +32,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.retrieval",
     "paretolab.measures",
     "paretolab.models",
+    "paretolab.training.models",
     "paretolab.plugins.baselines",
     "paretolab.plugins.incremental_bpe",
     "paretolab.plugins.wanda",
