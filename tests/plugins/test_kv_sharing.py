@@ -143,3 +143,22 @@ class TestKVHeadsContract(MethodContract):
     @pytest.fixture
     def params(self) -> dict[str, Any]:
         return {"kv_heads": 1}  # tiny-llama has 2: 1 is a change (the space's 2 would be the identity)
+
+
+@pytest.mark.parametrize("method, params, kv_bytes", [("qk_v_sharing", {}, 256.0), ("kv_heads", {"kv_heads": 1}, 256.0), ("none", {}, 512.0)])
+def test_trains_as_a_trial_after_re_initialisation(tiny: Subject, tmp_path: Path, method: str, params: dict[str, Any], kv_bytes: float) -> None:
+    import inspect
+    import textwrap
+
+    from paretolab.search import StagePlan
+    from paretolab.trial import TrialSettings, run_trial
+
+    text = tmp_path / "train.txt"
+    text.write_text(inspect.getsource(textwrap), encoding="utf-8")
+    tiny.info["weights"] = "random init"  # train's init: auto re-initialises the rebuilt projections
+    train = {"tokens": 2048, "seq_len": 32, "batch": 8, "eval_every": 4, "eval_tokens": 256, "corpus": str(text)}
+    settings = TrialSettings("t", "perplexity", {"corpus": "pydoc", "max_tokens": 256, "context": 64, "stride": 64},
+                             {"kv_cache": {}}, seed=0, cpus=1, timeout_s=600)
+    result = run_trial(tiny, [StagePlan("s0", method, params), StagePlan("s1", "train", train)], settings, number=0)
+    assert not result.failed, result.traceback
+    assert result.metrics["kv_bytes_per_token"] == kv_bytes and result.metrics["val_loss"] > 0

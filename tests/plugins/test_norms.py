@@ -181,3 +181,23 @@ class TestDyTContract(MethodContract):
     @pytest.fixture
     def method(self) -> Method:
         return DyTMethod()
+
+
+@pytest.mark.parametrize("method", ["bhyt", "dyt"])
+def test_trains_as_a_trial_after_re_initialisation(tiny: Subject, tmp_path: Path, method: str) -> None:
+    import inspect
+    import textwrap
+
+    from paretolab.search import StagePlan
+    from paretolab.trial import TrialSettings, run_trial
+
+    text = tmp_path / "train.txt"
+    text.write_text(inspect.getsource(textwrap), encoding="utf-8")
+    tiny.info["weights"] = "random init"  # train's init: auto re-initialises it, our modules through reset_parameters()
+    train = {"tokens": 2048, "seq_len": 32, "batch": 8, "eval_every": 4, "eval_tokens": 256, "corpus": str(text)}
+    settings = TrialSettings("t", "perplexity", {"corpus": "pydoc", "max_tokens": 256, "context": 64, "stride": 64},
+                             {"hidden_var": {"max_tokens": 256, "seq_len": 64}}, seed=0, cpus=1, timeout_s=600)
+    result = run_trial(tiny, [StagePlan("s0", method, {}), StagePlan("s1", "train", train)], settings, number=0)
+    assert not result.failed, result.traceback
+    assert math.isfinite(result.metrics["val_loss"]) and result.metrics["hidden_var_growth"] > 0
+    assert "hidden_var.json" in result.artifacts
