@@ -83,6 +83,11 @@ def test_cached_generation_equals_recompute(tiny: Subject, ctx: TrialContext) ->
     assert hf[0, 12:].tolist() == greedy(shared.model, prompt, 16, cached=False)
 
 
+def test_copies_use_their_own_rotary_embedding(tiny: Subject, ctx: TrialContext) -> None:
+    copy = QKVSharing().transform(tiny, {}, ctx).copy()
+    assert all(layer.self_attn._rotary[0] is copy.model.model.rotary_emb for layer in copy.model.model.layers)
+
+
 def test_trains(tiny: Subject, ctx: TrialContext) -> None:
     shared = QKVSharing().transform(tiny.copy(), {}, ctx).model.train()
     loss = shared(input_ids=ids(), labels=ids()).loss
