@@ -48,6 +48,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.training.method",
     "paretolab.plugins.layer_dropout",
     "paretolab.plugins.mup_upscale",
+    "paretolab.plugins.norms",
+    "paretolab.plugins.kv_sharing",
 )
 
 
