@@ -40,8 +40,12 @@ def test_shipped_pipelines_are_valid(pytestconfig):
     root = pytestconfig.rootpath / "pipelines"
     names = sorted(p.name for p in root.glob("*.yaml"))
     assert {"smoke.yaml", "demo.yaml"} <= set(names)
+    from paretolab.search import grid_points
+
     for path in root.glob("*.yaml"):
-        load_spec(path)
+        spec = load_spec(path)
+        if spec.search.sampler == "grid":  # every parameter enumerable, and enough points for the trials asked
+            assert len(grid_points(spec)) >= (spec.search.trials or 1), path.name
 
 
 @pytest.mark.parametrize(
