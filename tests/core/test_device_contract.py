@@ -32,6 +32,9 @@ TASKS: dict[str, dict[str, Any]] = {
 MEASURES: dict[str, dict[str, Any]] = {
     "latency": {"prompt_tokens": 16, "new_tokens": 2, "repeats": 1, "warmup": 0},
     "depth_probe": {"max_tokens": 128, "seq_len": 64},
+    "hidden_var": {"max_tokens": 128, "seq_len": 64},
+    "kv_cache": {"tokens": 8},
+    "early_exit": {"max_tokens": 128, "seq_len": 64, "draft_k": 2, "prompts": 1, "prompt_tokens": 8, "new_tokens": 4},
 }
 
 
