@@ -161,9 +161,20 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
         parts = name.split(".")
         return parts[-1] == claim.pair_by or ".".join(parts[-2:]) == claim.pair_by
 
+    def side_of(trial: dict[str, Any]) -> str | None:
+        return "method" if trial["label"] == claim.method else "baseline" if trial["label"] == claim.baseline else None
+
+    # The pair_by parameters both sides have: when the method is itself a stage with that parameter
+    # (a `train` chosen against `none` before a shared train stage), only the shared stage's value pairs.
+    names = {side: set() for side in ("method", "baseline")}
+    for trial in trials:
+        if side := side_of(trial):
+            names[side] |= {k for k in trial["params"] if is_pair_by(k)}
+    common = names["method"] & names["baseline"]
+
     def key(trial: dict[str, Any]) -> tuple[Any, ...] | None:
         params = trial["params"]
-        by = tuple(v for k, v in sorted(params.items()) if is_pair_by(k))  # one value per stage that has it (train → … → train)
+        by = tuple(v for k, v in sorted(params.items()) if k in common)  # one value per stage that has it (train → … → train)
         if not by:
             return None
         shared = sorted((k, repr(v)) for k, v in params.items() if not is_pair_by(k) and _method_of(k) not in own)
@@ -171,7 +182,7 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
 
     sides: dict[str, dict[tuple[Any, ...], list[dict[str, Any]]]] = {"method": {}, "baseline": {}}
     for trial in trials:
-        side = "method" if trial["label"] == claim.method else "baseline" if trial["label"] == claim.baseline else None
+        side = side_of(trial)
         k = key(trial) if side else None
         if side and k is not None and isinstance(trial.get(claim.metric), (int, float)):
             sides[side].setdefault(k, []).append(trial)

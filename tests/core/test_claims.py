@@ -207,3 +207,20 @@ def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_n
               trial(6, "kv_heads", 2, 3e-3, kv_heads=1)]  # no baseline on seed 2
     pairs, ambiguous = pair_trials(claim, trials)
     assert [(m["trial"], b["trial"]) for m, b in pairs] == [(3, 0)] and ambiguous == 1
+
+
+def test_a_train_stage_chosen_against_none_pairs_on_the_shared_train_stage_seed():
+    """mup_upscale's claim: s1 = train | none, then a fixed s3 train; the s1 train's own seed is not a pairing key."""
+    from paretolab.claims import Claim, pair_trials
+
+    claim = Claim("t", "val_loss", "train", "none", "lower", "train.seed")
+
+    def trial(n, label, seed, parametrization):
+        own = {"s1.train.seed": 0, "s1.train.tokens": 49152} if label == "train" else {}
+        return {"trial": n, "label": label, "val_loss": 3.0 + n,
+                "params": {**own, "s3.train.seed": seed, "mup_upscale.parametrization": parametrization}}
+
+    trials = [trial(0, "train", 0, "mup"), trial(1, "train", 1, "mup"), trial(2, "train", 0, "sp"),
+              trial(3, "none", 0, "mup"), trial(4, "none", 1, "mup"), trial(5, "none", 0, "sp")]
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert sorted((m["trial"], b["trial"]) for m, b in pairs) == [(0, 3), (1, 4), (2, 5)] and ambiguous == 0
