@@ -77,3 +77,34 @@ def blocked_scan(op: ScanOp, leaves: Leaves, chunk: int) -> Leaves:
         carry_in = tuple(torch.stack([c[i] for c in carries], dim=2).unsqueeze(3) for i in range(len(leaves)))
         local = op.combine(carry_in, local)
     return tuple(x.reshape(*x.shape[:2], n * chunk, *x.shape[4:])[:, :, :length] for x in local)
+
+
+def gated_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, state: torch.Tensor,
+                          chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """o_t = q_t·S_t for S_t = diag(exp(log_gate_t))·S_{t−1} + k_tᵀv_t, chunkwise (GLA's form), without a state per token.
+
+    q, k, log_gate: [B, H, T, dk]; v: [B, H, T, dv]; state: S_0 [B, H, dk, dv]. Returns (o [B, H, T, dv], S_T).
+    Inside a chunk the outputs are a decay-weighted causal attention (decays exp(b_t − b_s) ≤ what the
+    gates allow, formed from differences of cumulative log-gates, never from their ratios); across
+    chunks the state is carried by the recurrence, one step per chunk. This is the affine scan of
+    :data:`AFFINE` with a per-key-row gate, reorganised so that only one state per chunk is formed.
+    """
+    b, h, length, dk = q.shape
+    n = -(-length // chunk)
+    pad = n * chunk - length
+    if pad:  # zero keys and zero log-gates are identity steps
+        q, k, v, log_gate = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v, log_gate))
+    q, k, v, log_gate = (x.reshape(b, h, n, chunk, x.shape[-1]) for x in (q, k, v, log_gate))
+    cum = log_gate.cumsum(dim=3)  # b_t: log of the gates' product from the chunk start to t (inclusive)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    diff = (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(~causal[:, :, None], float("-inf"))  # [.., t, s, dk]
+    scores = torch.einsum("bhnti,bhntsi,bhnsi->bhnts", q, diff.exp(), k)
+    out = scores @ v
+    total = cum[:, :, :, -1]  # [B, H, n, dk]
+    writes = torch.einsum("bhnsi,bhnsj->bhnij", k * (total.unsqueeze(3) - cum).exp(), v)  # each chunk's own contribution
+    starts = []
+    for j in range(n):  # the state entering each chunk
+        starts.append(state)
+        state = total[:, :, j].exp().unsqueeze(-1) * state + writes[:, :, j]
+    out = out + torch.einsum("bhnti,bhnij->bhntj", q * cum.exp(), torch.stack(starts, dim=2))
+    return out.reshape(b, h, n * chunk, -1)[:, :, :length], state

@@ -49,7 +49,7 @@ from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins._recurrent_cache import recurrent_layer
-from paretolab.plugins._scan import AFFINE, EPS, MOBIUS, blocked_scan
+from paretolab.plugins._scan import AFFINE, EPS, MOBIUS, blocked_scan, gated_chunk_attention
 from paretolab.plugins.kv_sharing import _attentions
 from paretolab.subject import Subject
 
@@ -86,48 +86,52 @@ class GLACell(torch.nn.Module):
     def initial(self, batch: int, like: torch.Tensor) -> State:
         return (torch.zeros(batch, self.heads, self.head_dim, self.head_dim, device=like.device, dtype=like.dtype),)
 
-    def _leaves(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None) -> State:
+    def _inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None) -> State:
+        """(scaled q, k with padding zeroed, log α with padding 0): padding is an identity step."""
         b, h, t, d = q.shape
         log_a = F.logsigmoid(self.gate_up(self.gate_down(x))).view(b, t, h, d).transpose(1, 2) / self.TAU
-        a = _mask(valid, q.unsqueeze(-1), 1.0, log_a.exp().unsqueeze(-1))  # [B, H, T, dk, 1]: one gate per key row
-        u = _mask(valid, q.unsqueeze(-1), 0.0, k.unsqueeze(-1) * v.unsqueeze(-2))
-        return q * d ** -0.5, a, u
+        return q * d ** -0.5, _mask(valid, k, 0.0, k), _mask(valid, k, 0.0, log_a)
 
-    def _read(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        o = torch.einsum("bhti,bhtij->bhtj", q, s)
+    def _norm(self, o: torch.Tensor) -> torch.Tensor:
         return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm_weight
 
     def scan(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
              state: State | None, chunk: int) -> tuple[torch.Tensor, State]:
-        q, a, u = self._leaves(x, q, k, v, valid)
+        q, k, log_a = self._inputs(x, q, k, valid)
         (s0,) = state if state is not None else self.initial(q.shape[0], q)
-        pa, pu = blocked_scan(AFFINE, (a, u), chunk)
-        s = pa * s0.unsqueeze(2) + pu
-        return self._read(q, s), (s[:, :, -1],)
+        o, s = gated_chunk_attention(q, k, v, log_a, s0, chunk)
+        return self._norm(o), (s,)
 
     def step(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
              state: State) -> tuple[torch.Tensor, State]:
-        """One token (T = 1): S ← diag(α)·S + kᵀv."""
-        q, a, u = self._leaves(x, q, k, v, valid)
+        """One token (T = 1): S ← diag(α)·S + kᵀv, o = q·S."""
+        q, k, log_a = (t[:, :, 0] for t in self._inputs(x, q, k, valid))
         (s0,) = state
-        s = a[:, :, 0] * s0 + u[:, :, 0]
-        return self._read(q, s.unsqueeze(2)), (s,)
+        s = log_a.exp().unsqueeze(-1) * s0 + k.unsqueeze(-1) * v[:, :, 0].unsqueeze(-2)
+        return self._norm(torch.einsum("bhi,bhij->bhj", q, s)).unsqueeze(2), (s,)
 
 
 class KalmanCell(torch.nn.Module):
-    """KLA's per-(key, value) Kalman filter in information form for heads of q/k/v ``[B, H, T, d]`` (see the module docstring)."""
+    """KLA's Kalman filter in information form for heads of q/k/v ``[B, H, T, d]`` (see the module docstring).
+
+    ``tied=False`` is the paper's filter: one per (key s, value m) with its own a, p and a per-value-channel
+    observation precision. ``tied=True`` (ours, for CPU cost) shares the filter across the value channels
+    of a key row: a, p per (head, s) and one observation precision per head and token, so λ is
+    [B, H, T, d] instead of [B, H, T, d, d] and η runs through GLA's chunkwise form with the Kalman gain
+    as its gate, without a state per token.
+    """
 
     DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4  # the official Δ initialisation range
     PROCESS_NOISE = 0.01  # the official initial continuous process noise
     OBS_VAR_MIN = 1e-4  # floor of the observation variance σ²ᵥ
     SKIP_INIT = -1.0
 
-    def __init__(self, hidden: int, heads: int, head_dim: int, rank: int, *, device: Any = None, dtype: Any = None) -> None:
+    def __init__(self, hidden: int, heads: int, head_dim: int, rank: int, *, tied: bool, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.tied = heads, head_dim, tied
         self.noise_down = torch.nn.Linear(hidden, rank, bias=False, device=device, dtype=dtype)
-        self.noise_up = torch.nn.Linear(rank, heads * head_dim, bias=True, device=device, dtype=dtype)
-        shape = (heads, head_dim, head_dim)  # [H, key/state s, value/channel m]
+        self.noise_up = torch.nn.Linear(rank, heads if tied else heads * head_dim, bias=True, device=device, dtype=dtype)
+        shape = (heads, head_dim, 1) if tied else (heads, head_dim, head_dim)  # [H, key/state s, value/channel m]
         self.dt = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))  # softplus⁻¹ of Δ
         self.lambda_log = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))  # a_c = −exp(λ_log)
         self.process_noise = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
@@ -144,7 +148,7 @@ class KalmanCell(torch.nn.Module):
             self.skip.fill_(self.SKIP_INIT)
 
     def dynamics(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Discrete decay a and process noise p, each [1, H, 1, d, d] (Ornstein–Uhlenbeck discretisation, as the official default)."""
+        """Discrete decay a and process noise p, [1, H, 1, d, d or 1] (Ornstein–Uhlenbeck discretisation, the official default)."""
         rate = torch.exp(self.lambda_log).clamp_min(1e-8)  # −a_c
         dt = F.softplus(self.dt) + 1e-7
         a = torch.exp(-dt * rate)
@@ -152,52 +156,62 @@ class KalmanCell(torch.nn.Module):
         return a[None, :, None], p[None, :, None]
 
     def initial(self, batch: int, like: torch.Tensor) -> State:
-        shape = (batch, self.heads, self.head_dim, self.head_dim)
-        return torch.ones(shape, device=like.device, dtype=like.dtype), torch.zeros(shape, device=like.device, dtype=like.dtype)
+        d = self.head_dim
+        shape = (batch, self.heads, d, 1 if self.tied else d)
+        return (torch.ones(shape, device=like.device, dtype=like.dtype),
+                torch.zeros(batch, self.heads, d, d, device=like.device, dtype=like.dtype))
 
-    def _leaves(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> State:
+    def _leaves(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None) -> State:
+        """(q, φ, k, Λᵛ·v): φ = Λᵛ·k² is [B, H, T, d, d or 1]; padding gets φ = 0 and k = 0 (an identity step)."""
         b, h, t, d = q.shape
-        var = F.softplus(self.noise_up(self.noise_down(x))).view(b, t, h, d).transpose(1, 2) + self.OBS_VAR_MIN
-        precision = 1.0 / var  # Λᵛ per value channel, [B, H, T, d]
-        k = F.normalize(k, dim=-1)
-        phi = (k * k).unsqueeze(-1) * precision.unsqueeze(-2)  # [B, H, T, key, value]
-        r = k.unsqueeze(-1) * (v * precision).unsqueeze(-2)
-        return F.normalize(q, dim=-1), phi, r
+        var = F.softplus(self.noise_up(self.noise_down(x))).view(b, t, h, -1).transpose(1, 2) + self.OBS_VAR_MIN
+        precision = 1.0 / var  # Λᵛ, [B, H, T, d or 1]
+        k = _mask(valid, k, 0.0, F.normalize(k, dim=-1))
+        phi = (k * k).unsqueeze(-1) * precision.unsqueeze(-2)
+        return F.normalize(q, dim=-1), phi, k, v * precision
 
-    def _read(self, q: torch.Tensor, lam: torch.Tensor, eta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bhti,bhtij->bhtj", q, eta / lam) + self.skip * v
-
-    def scan(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
-             state: State | None, chunk: int) -> tuple[torch.Tensor, State]:
-        q, phi, r = self._leaves(x, q, k, v)
+    def _precisions(self, phi: torch.Tensor, lam0: torch.Tensor, valid: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(λ_t, λ_{t−1}) for every t by the Möbius scan: λ_t = (A·λ + B)/(C·λ + D), A = (1 + pφ)/a², B = φ, C = p/a², D = 1
+        (predict then update as one map; padding is the identity map)."""
         a, p = self.dynamics()
-        lam0, eta0 = state if state is not None else self.initial(q.shape[0], q)
         a2 = (a * a).clamp_min(EPS)
-        # λ_t = (A·λ + B)/(C·λ + D) with A = (1 + pφ)/a², B = φ, C = p/a², D = 1: predict then update as one Möbius map
-        leaves = (_mask(valid, phi, 1.0, (1.0 + p * phi) / a2), _mask(valid, phi, 0.0, phi),
-                  _mask(valid, phi, 0.0, (p / a2).expand_as(phi)), torch.ones_like(phi))
+        leaves = (_mask(valid, phi, 1.0, (1.0 + p * phi) / a2), phi, _mask(valid, phi, 0.0, (p / a2).expand_as(phi)), torch.ones_like(phi))
         pa, pb, pc, pd = blocked_scan(MOBIUS, leaves, chunk)
         l0 = lam0.unsqueeze(2)
         lam = (pa * l0 + pb) / (pc * l0 + pd).clamp_min(EPS)
-        gain = a / (a2 + p * torch.cat([l0, lam[:, :, :-1]], dim=2))  # η's multiplier a/(a² + pλ_{t−1})
-        pg, pr = blocked_scan(AFFINE, (_mask(valid, phi, 1.0, gain), _mask(valid, phi, 0.0, r)), chunk)
-        eta = pg * eta0.unsqueeze(2) + pr
-        return self._read(q, lam, eta, v), (lam[:, :, -1], eta[:, :, -1])
+        return lam, torch.cat([l0, lam[:, :, :-1]], dim=2)
+
+    def scan(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
+             state: State | None, chunk: int) -> tuple[torch.Tensor, State]:
+        q, phi, k, pv = self._leaves(x, q, k, v, valid)
+        lam0, eta0 = state if state is not None else self.initial(q.shape[0], q)
+        a, p = self.dynamics()
+        lam, lam_prev = self._precisions(phi, lam0, valid, chunk)
+        log_gain = torch.log(a) - torch.log((a * a).clamp_min(EPS) + p * lam_prev)  # η's multiplier a/(a² + pλ_{t−1}), a real step
+        if self.tied:  # one gain per key row: GLA's chunkwise form with the gain as gate, read out with q/λ
+            log_gain = _mask(valid, k, 0.0, log_gain.squeeze(-1))
+            y, eta = gated_chunk_attention(q / lam.squeeze(-1), k, pv, log_gain, eta0, chunk)
+        else:  # the paper's per-(key, value) filter: an elementwise affine scan of η, one state per token
+            gain = _mask(valid, phi, 1.0, log_gain.exp())
+            pg, pr = blocked_scan(AFFINE, (gain, k.unsqueeze(-1) * pv.unsqueeze(-2)), chunk)
+            etas = pg * eta0.unsqueeze(2) + pr
+            y, eta = torch.einsum("bhti,bhtij->bhtj", q, etas / lam), etas[:, :, -1]
+        return y + self.skip * v, (lam[:, :, -1], eta)
 
     def step(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
              state: State) -> tuple[torch.Tensor, State]:
-        """One token (T = 1): Kalman predict (λ⁻ = λ/(a² + pλ), η⁻ = aη/(a² + pλ)), then update (λ = λ⁻ + φ, η = η⁻ + r)."""
-        q, phi, r = self._leaves(x, q, k, v)
-        a, p = self.dynamics()
+        """One token (T = 1): Kalman predict (λ⁻ = λ/(a² + pλ), η⁻ = aη/(a² + pλ)), then update (λ = λ⁻ + φ, η = η⁻ + k·Λᵛv)."""
+        q, phi, k, pv = (t[:, :, 0] for t in self._leaves(x, q, k, v, valid))
+        a, p = (t[:, :, 0] for t in self.dynamics())
         lam0, eta0 = state
-        a, p = a[:, :, 0], p[:, :, 0]
         denom = (a * a).clamp_min(EPS) + p * lam0
-        lam = lam0 / denom + phi[:, :, 0]
-        eta = a * eta0 / denom + r[:, :, 0]
+        lam = lam0 / denom + phi
+        eta = a * eta0 / denom + k.unsqueeze(-1) * pv.unsqueeze(-2)
         if valid is not None:  # padding: the state stays as it was
             keep = valid[:, 0].view(-1, 1, 1, 1)
             lam, eta = torch.where(keep, lam, lam0), torch.where(keep, eta, eta0)
-        return self._read(q, lam.unsqueeze(2), eta.unsqueeze(2), v), (lam, eta)
+        y = torch.einsum("bhi,bhij->bhj", q, eta / lam) + self.skip * v[:, :, 0]
+        return y.unsqueeze(2), (lam, eta)
 
 
 def valid_tokens(attention_mask: Any, length: int) -> torch.Tensor | None:
@@ -250,14 +264,15 @@ class LinearAttention(torch.nn.Module):
         return self.o_proj(y), None
 
 
-def kalman_extra_params(hidden: int, heads: int, head_dim: int, rank: int) -> int:
-    """Parameters a KalmanCell adds per layer: the Λᵛ bottleneck, three static [H, d, d] tensors and the skip scalar."""
-    return hidden * rank + rank * heads * head_dim + heads * head_dim + 3 * heads * head_dim * head_dim + 1
+def kalman_extra_params(hidden: int, heads: int, head_dim: int, rank: int, tied: bool) -> int:
+    """Parameters a KalmanCell adds per layer: the Λᵛ bottleneck, three static [H, d, d or 1] tensors and the skip scalar."""
+    width = 1 if tied else head_dim
+    return hidden * rank + (rank + 1) * heads * width + 3 * heads * head_dim * width + 1
 
 
-def gla_rank_matching(hidden: int, heads: int, head_dim: int, kalman_rank: int) -> int:
-    """GLA's gate rank whose parameters come closest to a KalmanCell of ``kalman_rank`` (gate: hidden·r + r·H·d + H·d; norm: d)."""
-    target = kalman_extra_params(hidden, heads, head_dim, kalman_rank) - heads * head_dim - head_dim
+def gla_rank_matching(hidden: int, heads: int, head_dim: int, kalman_rank: int, tied: bool) -> int:
+    """GLA's gate rank whose parameters come closest to a KalmanCell's (gate: hidden·r + r·H·d + H·d; norm: d)."""
+    target = kalman_extra_params(hidden, heads, head_dim, kalman_rank, tied) - heads * head_dim - head_dim
     return max(1, round(target / (hidden + heads * head_dim)))
 
 
@@ -284,6 +299,13 @@ def _int_param(params: dict[str, Any], key: str, method: str, low: int) -> int:
     return value
 
 
+def _bool_param(params: dict[str, Any], key: str, method: str) -> bool:
+    value = params[key]
+    if not isinstance(value, bool):
+        raise ConfigError(f"{method}.{key} must be true or false, got {value!r}")
+    return value
+
+
 class KalmanAttention(Method):
     """Replace every self-attention with Kalman linear attention (KLA): parallel scan in training/prefill, recurrence in decoding."""
 
@@ -296,12 +318,13 @@ class KalmanAttention(Method):
         return {"rank": CategoricalDistribution([8, 16, 32])}
 
     def defaults(self) -> dict[str, Any]:
-        return {"rank": 16, "chunk": 16}  # rank: the Λᵛ bottleneck (official "dt" rank = ceil(hidden/8): 16 at hidden 128)
+        # rank: the Λᵛ bottleneck (official "dt" rank = ceil(hidden/8): 16 at hidden 128); tied: see KalmanCell
+        return {"rank": 16, "chunk": 16, "tied": True}
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
-        rank, chunk = _int_param(p, "rank", self.name, 1), _int_param(p, "chunk", self.name, 1)
-        return replace_attention(subject, self.name, lambda hidden, heads, d, **kw: KalmanCell(hidden, heads, d, rank, **kw), chunk)
+        rank, chunk, tied = _int_param(p, "rank", self.name, 1), _int_param(p, "chunk", self.name, 1), _bool_param(p, "tied", self.name)
+        return replace_attention(subject, self.name, lambda hidden, heads, d, **kw: KalmanCell(hidden, heads, d, rank, tied=tied, **kw), chunk)
 
 
 class GatedLinearAttention(Method):
@@ -313,15 +336,17 @@ class GatedLinearAttention(Method):
     cost_is = "real"
 
     def defaults(self) -> dict[str, Any]:
-        return {"rank": 0, "match_rank": 16, "chunk": 16}  # rank 0: the gate rank giving kalman_attention(rank=match_rank)'s parameters
+        # rank 0: the gate rank giving kalman_attention(rank=match_rank, tied=match_tied)'s parameter count
+        return {"rank": 0, "match_rank": 16, "match_tied": True, "chunk": 16}
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
         rank, match, chunk = (_int_param(p, "rank", self.name, 0), _int_param(p, "match_rank", self.name, 1),
                               _int_param(p, "chunk", self.name, 1))
+        tied = _bool_param(p, "match_tied", self.name)
 
         def make(hidden: int, heads: int, d: int, **kw: Any) -> GLACell:
-            return GLACell(hidden, heads, d, rank or gla_rank_matching(hidden, heads, d, match), **kw)
+            return GLACell(hidden, heads, d, rank or gla_rank_matching(hidden, heads, d, match, tied), **kw)
 
         return replace_attention(subject, self.name, make, chunk)
 
