@@ -276,18 +276,25 @@ def gla_rank_matching(hidden: int, heads: int, head_dim: int, kalman_rank: int, 
     return max(1, round(target / (hidden + heads * head_dim)))
 
 
-def replace_attention(subject: Subject, method: str, make_cell: Callable[..., torch.nn.Module], chunk: int) -> Subject:
-    """Every decoder layer's self-attention becomes a :class:`LinearAttention` around ``make_cell(hidden, heads, head_dim, device=, dtype=)``."""
+def replace_attention(subject: Subject, method: str, make_cell: Callable[..., torch.nn.Module], chunk: int, ctx: TrialContext) -> Subject:
+    """Every decoder layer's self-attention becomes a :class:`LinearAttention` around ``make_cell(hidden, heads, head_dim, device=, dtype=)``.
+
+    The new weights are drawn from the trial's seed (a ``train`` stage re-draws them from its own seed)."""
     if chunk < 1:
         raise ConfigError(f"{method}.chunk must be >= 1 (steps per scan block), got {chunk}")
     model = subject.model
-    for layer, attention in zip(decoder_layers(model), _attentions(model, method)):
-        if isinstance(attention, LinearAttention):
-            raise ConfigError(f"method {method!r}: layer {attention.layer_idx} is already linear attention; apply one of gla/kalman_attention")
-        weight = attention.q_proj.weight
-        heads = weight.shape[0] // attention.head_dim
-        cell = make_cell(weight.shape[1], heads, attention.head_dim, device=weight.device, dtype=weight.dtype)
-        layer.self_attn = LinearAttention(attention, cell, chunk)
+    attentions = _attentions(model, method)
+    devices = sorted({a.q_proj.weight.device for a in attentions if a.q_proj.weight.device.type == "cuda"}, key=str)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator(), device="cpu"))
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for layer, attention in zip(decoder_layers(model), attentions):
+            if isinstance(attention, LinearAttention):
+                raise ConfigError(f"method {method!r}: layer {attention.layer_idx} is already linear attention; apply one of gla/kalman_attention")
+            weight = attention.q_proj.weight
+            heads = weight.shape[0] // attention.head_dim
+            cell = make_cell(weight.shape[1], heads, attention.head_dim, device=weight.device, dtype=weight.dtype)
+            layer.self_attn = LinearAttention(attention, cell, chunk)
     subject.info["attention"] = method
     return subject
 
@@ -324,7 +331,7 @@ class KalmanAttention(Method):
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
         rank, chunk, tied = _int_param(p, "rank", self.name, 1), _int_param(p, "chunk", self.name, 1), _bool_param(p, "tied", self.name)
-        return replace_attention(subject, self.name, lambda hidden, heads, d, **kw: KalmanCell(hidden, heads, d, rank, tied=tied, **kw), chunk)
+        return replace_attention(subject, self.name, lambda hidden, heads, d, **kw: KalmanCell(hidden, heads, d, rank, tied=tied, **kw), chunk, ctx)
 
 
 class GatedLinearAttention(Method):
@@ -348,7 +355,7 @@ class GatedLinearAttention(Method):
         def make(hidden: int, heads: int, d: int, **kw: Any) -> GLACell:
             return GLACell(hidden, heads, d, rank or gla_rank_matching(hidden, heads, d, match, tied), **kw)
 
-        return replace_attention(subject, self.name, make, chunk)
+        return replace_attention(subject, self.name, make, chunk, ctx)
 
 
 @hookimpl
