@@ -102,9 +102,9 @@ class AssocRecall(Task):
             for i in range(0, len(encoded), options.batch_size):
                 group = encoded[i : i + options.batch_size]
                 width = max(len(ids) for ids, _ in group)
-                batch = torch.zeros((len(group), width), dtype=torch.long)
+                batch = torch.zeros((len(group), width), dtype=torch.long, device="cpu")
                 for row, (ids, _) in enumerate(group):
-                    batch[row, : len(ids)] = torch.tensor(ids)  # right padding: causal models never look at it
+                    batch[row, : len(ids)] = torch.tensor(ids, device="cpu")  # right padding: causal models never look at it
                 predicted = model(input_ids=batch.to(subject.device), use_cache=False).logits.argmax(-1).cpu()
                 for row, (ids, spans) in enumerate(group):
                     hits = [all(int(predicted[row, t - 1]) == ids[t] for t in range(s, e)) for s, e in spans]

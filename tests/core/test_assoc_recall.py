@@ -62,6 +62,7 @@ class Oracle(torch.nn.Module):
         super().__init__()
         self.sep = encode(tokenizer, " " + SEPARATOR)[0]
         self.vocab, self.wrong = vocab, wrong
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the subject a device
 
     def forward(self, input_ids: torch.Tensor, **kwargs: object) -> SimpleNamespace:
         logits = torch.zeros(*input_ids.shape, self.vocab)
