@@ -5,7 +5,8 @@ recurrent attention layer sees that cache, so the generation code (``paretolab.d
 working unchanged: the cache tracks how many positions it has seen (``get_seq_length``, the masks),
 and ``batch_select_indices`` / ``batch_repeat_interleave`` / ``reorder_cache`` act on the state's
 batch rows. ``crop`` (a rollback) restores the state saved after the forward that ended at the
-target length; a state never saved at that length cannot be recovered and is refused.
+target length; the last ``MAX_SAVED`` such states are kept (a state per decode step costs far
+more than a token's keys and values), and a state not kept cannot be recovered and is refused.
 ``crop_front`` drops leading all-padding positions (padding never changes the state).
 """
 
@@ -19,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from paretolab.errors import ConfigError
 
 State = tuple[torch.Tensor, ...]
+MAX_SAVED = 64  # rollback points kept per layer (the most recent forwards)
 
 
 class RecurrentStateLayer(DynamicLayer):
@@ -45,6 +47,8 @@ class RecurrentStateLayer(DynamicLayer):
         self.state = state
         self.length += positions
         self.saved[self.length] = state
+        if len(self.saved) > MAX_SAVED:
+            del self.saved[min(self.saved)]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -59,8 +63,8 @@ class RecurrentStateLayer(DynamicLayer):
         if target == self.length:
             return
         if target not in self.saved:
-            raise ConfigError(f"recurrent cache: cannot roll back to length {target}; states are kept only at the end of each forward "
-                              f"({sorted(self.saved)}); roll back to one of those")
+            raise ConfigError(f"recurrent cache: cannot roll back to length {target}; states are kept only at the end of the last "
+                              f"{MAX_SAVED} forwards ({min(self.saved, default=0)}..{self.length}); roll back to one of those")
         self.state, self.length = self.saved[target], target
         self.saved = {n: s for n, s in self.saved.items() if n <= target}
 

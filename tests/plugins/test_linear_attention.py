@@ -174,3 +174,22 @@ class TestGLAContract(MethodContract):
     @pytest.fixture
     def method(self) -> Method:
         return GatedLinearAttention()
+
+
+def test_recurrent_cache_layer_keeps_recent_rollback_points_and_crops_padding() -> None:
+    from paretolab.plugins._recurrent_cache import MAX_SAVED, RecurrentStateLayer
+
+    layer = RecurrentStateLayer()
+    layer.advance((torch.zeros(2, 1),), 5)  # a prefill of 5 positions
+    for i in range(MAX_SAVED + 5):
+        layer.advance((torch.full((2, 1), float(i)),), 1)
+    assert layer.get_seq_length() == 5 + MAX_SAVED + 5
+    with pytest.raises(ConfigError, match="roll back"):
+        layer.crop(-(MAX_SAVED + 5))  # back to the prefill: dropped, older than the last MAX_SAVED forwards
+    layer.crop(-3)
+    assert float(layer.state[0][0, 0]) == MAX_SAVED + 1 and layer.get_seq_length() == 5 + MAX_SAVED + 2
+    layer.crop_front(2)  # two leading padding positions gone: same state, shorter, rollback points shifted
+    layer.crop(-1)
+    assert float(layer.state[0][0, 0]) == MAX_SAVED and layer.get_seq_length() == 4 + MAX_SAVED
+    layer.batch_select_indices(torch.tensor([1]))
+    assert layer.state[0].shape == (1, 1)
