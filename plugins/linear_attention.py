@@ -21,9 +21,14 @@ Ours (adaptation to a Llama attention slot, and guesses): the paper's layer is a
 the place of each self-attention with its heads: per head the state is head_dim × head_dim (keys ×
 values), q/k/v/o are the attention's own projections, and the conv is left out. Λᵛ comes from a
 rank-``rank`` bottleneck of the input (the official ``var_rank="dt"`` option; its default is full
-rank). The parallel scan is our blocked (chunked) scan in PyTorch (:mod:`paretolab.plugins._scan`),
-not their Triton/CUDA kernels; decoding runs the textbook predict/update recurrence on a cached
-state (:mod:`paretolab.plugins._recurrent_cache`). Left padding leaves the state unchanged (an
+rank). ``tied`` (default true, ours, for CPU cost) shares each key row's filter across the value
+channels (a, p per key; one Λᵛ per head and token), so the precisions are [B, H, T, d] and η runs
+through GLA's chunkwise form with the Kalman gain as its gate; ``tied: false`` is the paper's
+per-(key, value) filter (an elementwise scan with a state per token, ~15× slower here). The
+parallel scans are ours in PyTorch (:mod:`paretolab.plugins._scan`: a blocked associative scan
+for the Möbius precisions, the chunkwise gated form for η), not their Triton/CUDA kernels;
+decoding runs the textbook predict/update recurrence on a cached state
+(:mod:`paretolab.plugins._recurrent_cache`). Left padding leaves the state unchanged (an
 identity step), so batched rows decode as they would alone.
 
 ``gla`` — Gated Linear Attention (Yang, Wang, Shen, Panda, Kim, "Gated Linear Attention
