@@ -193,3 +193,12 @@ def test_recurrent_cache_layer_keeps_recent_rollback_points_and_crops_padding() 
     assert float(layer.state[0][0, 0]) == MAX_SAVED and layer.get_seq_length() == 4 + MAX_SAVED
     layer.batch_select_indices(torch.tensor([1]))
     assert layer.state[0].shape == (1, 1)
+
+
+def test_kv_cache_measure_weighs_the_recurrent_state(tiny: Subject, ctx: TrialContext) -> None:
+    from paretolab.plugins.kv_sharing import cache_bytes_per_token
+
+    model = KalmanAttention().transform(tiny, {}, ctx).model  # 2 layers, 4 heads of 16: λ [4, 16, 1] and η [4, 16, 16] per layer
+    state_bytes = 2 * 4 * (16 + 16 * 16) * 4
+    assert cache_bytes_per_token(model, tokens=8) == state_bytes / 8
+    assert cache_bytes_per_token(model, tokens=32) == state_bytes / 32  # constant state: fewer bytes per token of context
