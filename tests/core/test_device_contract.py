@@ -28,6 +28,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "gsm8k": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
     "qa": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
     "kv_retrieval": {"path": "{tmp}/kv.jsonl", "limit": 1, "max_new_tokens": 4},
+    "assoc_recall": {"examples": 2, "batch_size": 2},
 }
 MEASURES: dict[str, dict[str, Any]] = {
     "latency": {"prompt_tokens": 16, "new_tokens": 2, "repeats": 1, "warmup": 0},
