@@ -50,6 +50,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.mup_upscale",
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
+    "paretolab.plugins.prac",
+    "paretolab.plugins.tetrajet",
 )
 
 
