@@ -36,7 +36,7 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
 def round_e2m1(v: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     """|v| rounded onto the E2M1 grid (sign kept): nearest-even, or stochastic given uniform ``noise`` in [-0.5, 0.5)."""
     mag = v.abs()
-    expo = torch.floor(torch.log2(mag)).clamp(0.0, 2.0)  # log2(0) = -inf clamps to 0 (the subnormal step 0.5)
+    expo = torch.floor(torch.log2(mag.clamp_min(1.0))).clamp_max(2.0)  # below 1: exponent 0, the subnormal step 0.5 (no -inf: slow on CPU)
     step = torch.exp2(expo)
     mant = mag / step
     whole = torch.floor(mant)
