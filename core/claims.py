@@ -8,7 +8,8 @@ claim: {text: "BHyT trains to a lower loss than RMSNorm", metric: val_loss, meth
 ``method`` and ``baseline`` are labels of what the pipeline's ``choice`` stages picked (``bhyt``,
 ``none``, ``magnitude+rtn``: the chosen methods other than ``none`` joined by ``+``; ``none`` when
 every choice picked ``none``); fixed stages such as ``train`` are in every trial and so not
-named. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
+named. A label may end in ``[param=value, ...]`` to take only the trials whose methods ran with those
+values, so a baseline that is a parameter of the method can be named: ``tetrajet[recipe=naive]``. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
 value and the same value of every other parameter that belongs to neither side's methods
 (e.g. ``train.lr``, ``train.tokens``). The verdict is on the paired differences
 ``metric(method) - metric(baseline)``: their mean and a 95 % Student-t interval over the pairs
@@ -62,17 +63,21 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
     if expect not in EXPECT:
         raise ConfigError(f"claim.expect: expected lower or higher (the direction the method should move {metric}), got {expect!r}")
     labels = choice_methods(stages)
+    params = stage_params(stages, regs)
     for key in ("method", "baseline"):
-        unknown = [m for m in raw[key].split("+") if m not in labels]
+        base, wanted = split_label(raw[key], where=f"claim.{key}")
+        unknown = [m for m in base.split("+") if m not in labels]
         if unknown:
             raise ConfigError(
                 f"claim.{key}: {raw[key]!r} names {', '.join(map(repr, unknown))}, which no `choice` stage offers; "
                 f"give methods of the choice stages joined by + ({', '.join(sorted(labels)) or 'the pipeline has no choice stage'})"
             )
+        for name in wanted:
+            if not any(f"{m}.{name}" in params for m in base.split("+")):
+                raise ConfigError(f"claim.{key}: {raw[key]!r} selects on {name!r}, which is no parameter of {base!r}")
     if raw["method"] == raw["baseline"]:
         raise ConfigError(f"claim.baseline: {raw['baseline']!r} is also the claim's method; compare the method with another choice")
     pair_by = raw.get("pair_by", "seed")
-    params = stage_params(stages, regs)
     if not isinstance(pair_by, str) or not any(pair_by in (p, p.split(".", 1)[1]) for p in params):
         raise ConfigError(
             f"claim.pair_by: {pair_by!r} is no parameter of this pipeline's methods; "
@@ -86,6 +91,42 @@ def claim_from(raw: Any) -> Claim | None:
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("text", "metric", "method", "baseline")):
         return None
     return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")))
+
+
+def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str]]:
+    """``tetrajet[recipe=naive]`` -> (``tetrajet``, {``recipe``: ``naive``}); a label without brackets selects nothing more."""
+    base, bracket, rest = label.partition("[")
+    if not bracket:
+        return label.strip(), {}
+    if not rest.endswith("]"):
+        raise ConfigError(f"{where}: {label!r} opens '[' without closing it; write method[param=value, ...]")
+    wanted = {}
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ConfigError(f"{where}: {item!r} in {label!r} is not param=value")
+        wanted[name.strip()] = value.strip()
+    return base.strip(), wanted
+
+
+def _selects(label: str, trial: dict[str, Any]) -> bool:
+    """The trial has ``label``'s methods and ran them with the values its brackets ask for."""
+    base, wanted = split_label(label)
+    if trial["label"] != base:
+        return False
+    methods = base.split("+")
+    for name, value in wanted.items():
+        ran = [v for k, v in trial["params"].items() if k.split(".")[-1] == name and _method_of(k) in methods]
+        if not ran or not all(_same(v, value) for v in ran):
+            return False
+    return True
+
+
+def _same(value: Any, text: str) -> bool:
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return str(value) == text
 
 
 def choice_methods(stages: tuple[Any, ...]) -> set[str]:
@@ -155,7 +196,7 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
     with more than one trial on a side (e.g. a baseline searched over its own parameter while
     the method is not) cannot be paired unambiguously and is counted, not guessed.
     """
-    own = {*claim.method.split("+"), *claim.baseline.split("+")}
+    own = {*split_label(claim.method)[0].split("+"), *split_label(claim.baseline)[0].split("+")}
 
     def is_pair_by(name: str) -> bool:
         parts = name.split(".")
@@ -171,7 +212,7 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
 
     sides: dict[str, dict[tuple[Any, ...], list[dict[str, Any]]]] = {"method": {}, "baseline": {}}
     for trial in trials:
-        side = "method" if trial["label"] == claim.method else "baseline" if trial["label"] == claim.baseline else None
+        side = "method" if _selects(claim.method, trial) else "baseline" if _selects(claim.baseline, trial) else None
         k = key(trial) if side else None
         if side and k is not None and isinstance(trial.get(claim.metric), (int, float)):
             sides[side].setdefault(k, []).append(trial)

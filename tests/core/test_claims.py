@@ -207,3 +207,32 @@ def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_n
               trial(6, "kv_heads", 2, 3e-3, kv_heads=1)]  # no baseline on seed 2
     pairs, ambiguous = pair_trials(claim, trials)
     assert [(m["trial"], b["trial"]) for m, b in pairs] == [(3, 0)] and ambiguous == 1
+
+
+def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
+    """A baseline that is a parameter of the method (tetrajet's recipe: naive) is named as ``tetrajet[recipe=naive]``."""
+    from paretolab.claims import Claim, pair_trials
+
+    def trial(n, label, seed, **own):
+        return {"trial": n, "label": label, "val_loss": 3.0, "params": {"stage1.train.seed": seed, **{f"stage0.{label}.{k}": v for k, v in own.items()}}}
+
+    trials = [trial(0, "tetrajet", 0, recipe="tetrajet"), trial(1, "tetrajet", 0, recipe="naive"), trial(2, "none", 0),
+              trial(3, "tetrajet", 1, recipe="tetrajet"), trial(4, "tetrajet", 1, recipe="naive"), trial(5, "none", 1)]
+    claim = Claim("t", "val_loss", "tetrajet[recipe=tetrajet]", "tetrajet[recipe=naive]", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(claim, trials)[0]] == [(0, 1), (3, 4)]
+    against_none = Claim("t", "val_loss", "tetrajet[recipe=naive]", "none", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(against_none, trials)[0]] == [(1, 2), (4, 5)]
+    unqualified = Claim("t", "val_loss", "tetrajet", "none", "lower", "seed")
+    assert pair_trials(unqualified, trials) == ([], 2)  # two tetrajet trials per seed: ambiguous, not guessed
+
+
+@pytest.mark.parametrize("label, message", [
+    ("magnitude[sparsity=0.5", "claim.method: 'magnitude[sparsity=0.5' opens '[' without closing it"),
+    ("magnitude[sparsity]", "claim.method: 'sparsity' in 'magnitude[sparsity]' is not param=value"),
+    ("magnitude[bits=4]", "claim.method: 'magnitude[bits=4]' selects on 'bits', which is no parameter of 'magnitude'"),
+])
+def test_a_malformed_bracket_label_is_refused(label, message):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, "claim.method", label))
+    assert message in str(err.value)
+    assert parse_spec(edited(PIPELINE, "claim.method", "magnitude[sparsity=0.5]")).claim.method == "magnitude[sparsity=0.5]"
