@@ -14,7 +14,9 @@ Ours: the random part is a uniformly random k-dimensional subspace of the comple
 Q = qr((I − UUᵀ)Ω), Ω Gaussian, drawn afresh at every forward), scaled by (d − r)/k, since
 E[QQᵀ] = k/(d − r)·(I − UUᵀ); so X̂ = XUUᵀ + (d − r)/k · XQQᵀ and E[X̂] = X. Saved for backward:
 XU (N × r), XQ (N × k) and the small bases U, Q — (r + k)/d of the input, counted by the train
-stage's ``peak_act_mb`` (saved-tensor hooks) because the full X really is not kept. grad_input is
+stage's ``peak_act_mb`` (saved-tensor hooks) because the full X really is not kept; Linears that
+read the same tensor (q/k/v, gate/up) share one compressed copy (and one random draw), as they
+shared the one saved input before. grad_input is
 exact (GW); only grad_weight uses X̂. The randomised SVD (range finder with 2 power iterations,
 oversampling 8) runs on the current batch's input when a refresh is due, per Linear. Budget:
 ``keep`` = (r + k)/d; ``principal_share`` = r/(r + k). The baselines at the same bytes are params of
