@@ -58,15 +58,15 @@ def nvfp4(x: torch.Tensor, *, inner: int = 16, outer: int = 128, stochastic: boo
     else:
         grouped, k = x.reshape(*x.shape[:-1], 1, x.shape[-1]), x.shape[-1]
         s0 = x.abs().amax().reshape(1, 1) / (E4M3_MAX * E2M1_MAX)
-    s0 = torch.where(s0 == 0, torch.ones_like(s0), s0)
+    s0 = s0.masked_fill(s0 == 0, 1.0)
     inner_blocks, width = _blocks(grouped, inner)  # (..., n_outer, n_inner, inner)
     s1 = to_e4m3(inner_blocks.abs().amax(-1, keepdim=True) / (s0.unsqueeze(-1) * E2M1_MAX))
     scale = s1 * s0.unsqueeze(-1)
     noise = None
     if stochastic:
         noise = torch.rand(inner_blocks.shape, generator=generator, device=x.device, dtype=torch.float32) - 0.5
-    v = torch.where(scale == 0, torch.zeros_like(inner_blocks), inner_blocks / torch.where(scale == 0, torch.ones_like(scale), scale))
-    q = round_e2m1(v, noise) * scale
+    # a block whose E4M3 scale underflows to 0 comes out 0 (q · 0); dividing by 1 there keeps v finite
+    q = round_e2m1(inner_blocks / scale.masked_fill(scale == 0, 1.0), noise) * scale
     q = q.reshape(*q.shape[:-2], -1)[..., :width]  # (..., n_outer, outer): the inner padding dropped
     return q.reshape(*q.shape[:-2], -1)[..., :k].reshape(shape)
 
