@@ -16,6 +16,10 @@ value and the same value of every other parameter that belongs to neither side's
 (a t interval rather than a bootstrap: studies pair over a handful of seeds, where a bootstrap's
 percentiles are degenerate). *held* when the interval lies on the expected side of 0, *did not
 hold* when it lies on the other side, *within noise* when it contains 0.
+
+An optional ``reference`` (a third label, e.g. the full-precision run of a low-precision claim)
+adds the share of the baseline-to-reference gap the method closes, per matched triple:
+(baseline − method) / (baseline − reference), with its mean and t interval (no verdict).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 from paretolab.errors import ConfigError
 
-FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by")
+FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by", "reference")
 EXPECT = ("lower", "higher")
 LEVEL = 0.95
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
@@ -42,6 +46,7 @@ class Claim:
     baseline: str
     expect: str = "lower"
     pair_by: str = "seed"
+    reference: str | None = None  # a third label: report the share of the baseline-to-reference gap the method closes
 
 
 def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
@@ -64,7 +69,9 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
         raise ConfigError(f"claim.expect: expected lower or higher (the direction the method should move {metric}), got {expect!r}")
     labels = choice_methods(stages)
     params = stage_params(stages, regs)
-    for key in ("method", "baseline"):
+    if "reference" in raw and (not isinstance(raw["reference"], str) or raw["reference"] in (raw["method"], raw["baseline"])):
+        raise ConfigError(f"claim.reference: expected a label other than the method and the baseline, got {raw['reference']!r}")
+    for key in ("method", "baseline", "reference")[: 3 if "reference" in raw else 2]:
         base, wanted = split_label(raw[key], where=f"claim.{key}")
         unknown = [m for m in base.split("+") if m not in labels]
         if unknown:
@@ -83,14 +90,15 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
             f"claim.pair_by: {pair_by!r} is no parameter of this pipeline's methods; "
             f"give one of {', '.join(sorted(params)) or 'none'} (or its short name, e.g. seed)"
         )
-    return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by)
+    return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by, raw.get("reference"))
 
 
 def claim_from(raw: Any) -> Claim | None:
     """The claim a stored pipeline carries (validated when the study started), or None."""
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("text", "metric", "method", "baseline")):
         return None
-    return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")))
+    reference = raw.get("reference") if isinstance(raw.get("reference"), str) else None
+    return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")), reference)
 
 
 def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str]]:
@@ -266,6 +274,8 @@ def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str
     lines.append(f"**Verdict: {result.verdict(claim.expect)}** — {_difference(claim, claim.metric, result)}.")
     if ambiguous:
         lines.append(f"{ambiguous} `{claim.pair_by}` value(s) left out: more than one trial on a side with the same parameters.")
+    if claim.reference:
+        lines += ["", gap_line(claim, trials)]
     flops = paired(pairs, lambda m, b: equal_flops_difference(m, b, curve))
     if flops.n:
         verdict = f"**{flops.verdict(claim.expect)}** — " if claim.metric == "val_loss" else ""
@@ -275,6 +285,35 @@ def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str
         lines += ["", "Budgets differ between paired trials, but their learning curves (`learning_curve.json`) are not "
                       "readable from the store: no loss at equal FLOPs."]
     return [*lines, ""]
+
+
+def gap_closed(claim: Claim, trials: list[dict[str, Any]]) -> tuple[Paired, list[tuple[int, int, int]]]:
+    """(baseline − method) / (baseline − reference) of ``claim.metric`` per (method, baseline, reference) triple matched as pairs are."""
+    assert claim.reference is not None
+    to_reference = Claim(claim.text, claim.metric, claim.baseline, claim.reference, claim.expect, claim.pair_by)
+    reference_of = {int(b["trial"]): r for b, r in pair_trials(to_reference, trials)[0]}
+    shares, triples = [], []
+    for m, b in pair_trials(claim, trials)[0]:
+        r = reference_of.get(int(b["trial"]))
+        if r is None:
+            continue
+        gap = float(b[claim.metric]) - float(r[claim.metric])
+        if gap != 0 and math.isfinite(gap):
+            shares.append((float(b[claim.metric]) - float(m[claim.metric])) / gap)
+            triples.append((int(m["trial"]), int(b["trial"]), int(r["trial"])))
+    return Paired(tuple(shares), tuple((m, b) for m, b, _ in triples)), triples
+
+
+def gap_line(claim: Claim, trials: list[dict[str, Any]]) -> str:
+    """The Markdown line giving the share of the baseline-to-reference gap closed."""
+    result, triples = gap_closed(claim, trials)
+    name = f"share of the `{claim.baseline}` → `{claim.reference}` gap in {claim.metric} closed by `{claim.method}`"
+    if result.n == 0:
+        return f"{name.capitalize()}: no matched (method, baseline, reference) triple with a nonzero gap."
+    span = result.interval
+    ci = f" [{span[0]:.1%}, {span[1]:.1%}] (95 % t interval)" if span else ""
+    listed = ", ".join(f"{m}–{b}–{r}" for m, b, r in triples)
+    return f"{name[0].upper()}{name[1:]}: (baseline − method) / (baseline − reference) = {result.mean:.1%}{ci}, mean over n = {result.n} triple(s) (trials {listed})."
 
 
 def _difference(claim: Claim, metric: str, result: Paired) -> str:
