@@ -52,6 +52,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
     "paretolab.plugins.linear_attention",
+    "paretolab.plugins.prac",
+    "paretolab.plugins.tetrajet",
 )
 
 
