@@ -50,6 +50,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.mup_upscale",
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
+    "paretolab.plugins.l1_sparsity",
 )
 
 
