@@ -54,6 +54,7 @@ class TrainState:
     last_loss: float = float("nan")
     lr: float = 0.0
     stopped_by: str = ""
+    rebuild_optimizer: bool = False  # set by a hook in before_step after it changed the model's parameters: the loop rebuilds AdamW before the step
     extra: dict[str, Any] = field(default_factory=dict)  # for hooks to share facts within a stage
 
 
@@ -155,16 +156,7 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
     model = state.model
     device = state.device = subject.device
 
-    groups = param_groups(model, lr=opts.lr, weight_decay=opts.weight_decay)
-    for hook in hooks:
-        changed = hook.param_groups(groups, state)
-        if changed is not None:
-            groups = changed
-    for group in groups:
-        group.setdefault("lr", opts.lr)
-        group["peak_lr"] = group["lr"]  # the schedule scales each group's own lr (μP gives groups different ones)
-    state.optimizer = optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=BETAS, weight_decay=opts.weight_decay, foreach=False)
-    _carry_optimizer_state(model, optimizer, record.optimizer_state, device)
+    state.optimizer = optimizer = _build_optimizer(model, hooks, state, record.optimizer_state)
 
     loss_owner, data_owner = record.owner("loss"), record.owner("data")
     ids = None if data_owner is not None else corpus_token_ids(subject.tokenizer, opts.corpus)
@@ -192,6 +184,9 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
         while True:
             for hook in hooks:
                 hook.before_step(state)
+            if state.rebuild_optimizer:  # a hook changed the parameters (e.g. grew the model): new groups, old moments by name
+                state.optimizer = optimizer = _build_optimizer(model, hooks, state, _named_optimizer_state(model, optimizer))
+                state.rebuild_optimizer = False
             batch = next(data)
             key = (tuple(batch.shape), tuple(hook.step_signature(state) for hook in hooks))
             t0 = time.perf_counter()
@@ -300,6 +295,23 @@ def _eval_point(state: TrainState, record: Training, windows: torch.Tensor, loss
     }
     record.curve.append(row)
     log.info("train %s step %d tokens %d: train_loss %.4f val_loss %.4f", row["stage"], row["step"], row["tokens"], row["train_loss"], row["val_loss"])
+
+
+def _build_optimizer(model: torch.nn.Module, hooks: list[TrainingHook], state: TrainState,
+                     saved: dict[str, dict[str, torch.Tensor]]) -> torch.optim.Optimizer:
+    """AdamW over the model's parameter groups (as the hooks change them), with the moments in ``saved`` carried by name."""
+    opts = state.params
+    groups = param_groups(model, lr=opts.lr, weight_decay=opts.weight_decay)
+    for hook in hooks:
+        changed = hook.param_groups(groups, state)
+        if changed is not None:
+            groups = changed
+    for group in groups:
+        group.setdefault("lr", opts.lr)
+        group["peak_lr"] = group["lr"]  # the schedule scales each group's own lr (μP gives groups different ones)
+    optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=BETAS, weight_decay=opts.weight_decay, foreach=False)
+    _carry_optimizer_state(model, optimizer, saved, state.device)
+    return optimizer
 
 
 def _carry_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, dict[str, torch.Tensor]],
