@@ -51,6 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
     "paretolab.plugins.l1_sparsity",
+    "paretolab.plugins.cgls",
 )
 
 
