@@ -33,8 +33,9 @@ Ours (a reduced, deterministic version for the ``train`` stage):
   first (shallow) step would overstate what a FLOP budget buys, so growth needs ``train.tokens``
   (``train.flops`` may be given too, as a cap: a pipeline gives every arm the same ``flops`` and
   the growing arms a token budget that spends no more).
-- Baselines (``variant``): ``stacking`` (growth, shuffled windows), ``curriculum`` (full depth from
-  the start, easy → hard windows), and the method ``none`` (full depth, shuffled) at the same FLOPs.
+- Baselines (``variant``, or the same as methods of their own, for a pipeline's choice and claim):
+  ``stacking`` / ``cgls_stacking`` (growth, shuffled windows), ``curriculum`` / ``cgls_curriculum``
+  (full depth from the start, easy → hard windows), and ``none`` (full depth, shuffled) at the same FLOPs.
 """
 
 from __future__ import annotations
@@ -176,20 +177,25 @@ class CGLS(Method):
     kind = "training"
     paper = PAPER
     cost_is = "real"  # shallow early stages really run fewer layers: fewer training FLOPs per step
+    fixed_variant: str | None = None  # the ablation methods below fix it (their own labels in a pipeline's choice and claim)
 
     def search_space(self) -> dict[str, Any]:
         # start_layers is not searched: its range is the model's depth, which the space cannot know
-        return {
-            "variant": CategoricalDistribution(list(VARIANTS)),
-            "stages": IntDistribution(2, 6),
-            "new_layers": CategoricalDistribution(list(NEW_LAYERS)),
-        }
+        space = {"stages": IntDistribution(2, 6), "new_layers": CategoricalDistribution(list(NEW_LAYERS))}
+        return space if self.fixed_variant else {"variant": CategoricalDistribution(list(VARIANTS)), **space}
 
     def defaults(self) -> dict[str, Any]:
-        return {"variant": "cgls", "start_layers": 1, "stages": 3, "new_layers": "copy_top"}
+        out = {"variant": "cgls", "start_layers": 1, "stages": 3, "new_layers": "copy_top"}
+        if self.fixed_variant:
+            del out["variant"]
+        return out
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
+        if self.fixed_variant:
+            if "variant" in params:
+                raise ConfigError(f"{self.name}.variant: this method is cgls with variant {self.fixed_variant!r}; drop the parameter")
+            p["variant"] = self.fixed_variant
         variant, start, stages, new_layers = str(p["variant"]), int(p["start_layers"]), int(p["stages"]), str(p["new_layers"])
         full = len(decoder_layers(subject.model))
         if variant not in VARIANTS:
@@ -209,6 +215,22 @@ class CGLS(Method):
         return subject
 
 
+class CGLSStacking(CGLS):
+    """The stacking ablation of cgls: growth on shuffled windows (no curriculum)."""
+
+    name = "cgls_stacking"
+    fixed_variant = "stacking"
+
+
+class CGLSCurriculum(CGLS):
+    """The curriculum ablation of cgls: full depth from the start, windows easy → hard (no growth)."""
+
+    name = "cgls_curriculum"
+    fixed_variant = "curriculum"
+
+
 @hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
     register(CGLS())
+    register(CGLSStacking())
+    register(CGLSCurriculum())

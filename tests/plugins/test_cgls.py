@@ -13,7 +13,7 @@ from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
 from paretolab.plugin_manager import registries
-from paretolab.plugins.cgls import CGLS, CGLSHook, curriculum_batches, depth_schedule, easy_to_hard, grow, stage_of, window_difficulty
+from paretolab.plugins.cgls import CGLS, CGLSCurriculum, CGLSHook, CGLSStacking, curriculum_batches, depth_schedule, easy_to_hard, grow, stage_of, window_difficulty
 from paretolab.subject import Subject
 from paretolab.testing import MethodContract
 from paretolab.training import TrainingHook, training_of
@@ -146,6 +146,14 @@ def test_growth_needs_a_token_budget(tiny4: Subject, small: dict[str, Any], ctx:
         registries().methods.get("train").transform(subject, {**small, "tokens": None, "flops": 1.0e12}, make_ctx(tmp_path))
 
 
+def test_ablation_methods_are_cgls_with_a_fixed_variant(ctx: TrialContext) -> None:
+    for method, variant in ((CGLSStacking(), "stacking"), (CGLSCurriculum(), "curriculum")):
+        subject = method.transform(TinyLlama(layers=4, hidden=64).load(), {}, ctx)
+        assert subject.info["cgls"]["variant"] == variant and "variant" not in method.search_space()
+        with pytest.raises(ConfigError, match=f"{method.name}.variant"):
+            method.transform(TinyLlama(layers=4, hidden=64).load(), {"variant": "cgls"}, ctx)
+
+
 @pytest.mark.parametrize("bad", [{"variant": "both"}, {"start_layers": 9}, {"stages": 1}, {"new_layers": "random"}])
 def test_bad_params_name_the_field(ctx: TrialContext, bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=f"cgls.{next(iter(bad))}"):
@@ -156,3 +164,9 @@ class TestCGLSContract(MethodContract):
     @pytest.fixture
     def method(self) -> CGLS:
         return CGLS()
+
+
+class TestCGLSStackingContract(MethodContract):
+    @pytest.fixture
+    def method(self) -> CGLSStacking:
+        return CGLSStacking()
