@@ -191,13 +191,15 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
             key = (tuple(batch.shape), tuple(hook.step_signature(state) for hook in hooks))
             t0 = time.perf_counter()
             first = state.step == 0
-            with counter.counting(key), saved_activations(model) if first else _nothing() as acts:
+            new_shape = counter.get(key) is None  # the first step of each distinct compute (a hook may grow the model): weigh it
+            with counter.counting(key), saved_activations(model) if new_shape else _nothing() as acts:
                 loss = loss_owner.loss(model, batch, state) if loss_owner is not None else _default_loss(model, batch, state)
                 if loss is None:
                     raise ConfigError(f"method {loss_owner.method!r}: its training hook replaces the loss but loss() returned None")
                 loss.backward()
+            if new_shape:
+                peak_act_mb = max(peak_act_mb, acts.mb)
             if first:
-                peak_act_mb = acts.mb
                 state.max_steps = _max_steps(opts, steps_by_tokens, counter.get(key) or 0.0)
             for hook in hooks:
                 hook.after_backward(state)
@@ -208,8 +210,8 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
             for group in optimizer.param_groups:
                 group["lr"] = group["peak_lr"] * factor
             optimizer.step()
-            if first:
-                mem_mb = state_mb(model, optimizer) + peak_act_mb
+            if new_shape:
+                mem_mb = max(mem_mb, state_mb(model, optimizer) + acts.mb)
             optimizer.zero_grad(set_to_none=True)
             state.last_loss = float(loss.detach())
             step_flops = counter.get(key) or 0.0
@@ -333,7 +335,7 @@ def _named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 class _nothing:
-    """A context manager yielding None (the activation meter runs on the first step only)."""
+    """A context manager yielding None (the activation meter runs on the first step of each distinct step shape only)."""
 
     def __enter__(self) -> None:
         return None

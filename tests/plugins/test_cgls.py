@@ -83,6 +83,11 @@ def test_grows_at_the_set_fractions_carries_moments_and_counts_flops_exactly(tin
     by_hand = 3 * sum(step_flops_by_hand(subject.model.config, d, 8, 32) for d in (1, 3, 4))
     assert training_of(subject).metrics["train_flops"] == by_hand
     assert subject.info["train_flop_shapes"] == 3  # one count per depth
+    full = TinyLlama(layers=4, hidden=64).load()
+    full.info["weights"] = "random init"
+    registries().methods.get("train").transform(full, {**small, "tokens": 8 * 32}, make_ctx(tmp_path / "full"))
+    # activations are weighed at each depth's first step: the peak is the full depth's, not the first (1-layer) step's
+    assert training_of(subject).metrics["peak_act_mb"] == pytest.approx(training_of(full).metrics["peak_act_mb"], rel=1e-6)
 
 
 def test_identity_growth_keeps_the_function_copies_do_not(ctx: TrialContext) -> None:
