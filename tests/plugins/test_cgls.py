@@ -175,3 +175,19 @@ class TestCGLSStackingContract(MethodContract):
     @pytest.fixture
     def method(self) -> CGLSStacking:
         return CGLSStacking()
+
+
+def test_the_pipeline_gives_every_arm_the_same_flops() -> None:
+    """pipelines/cgls.yaml: its flops cap covers cgls's whole token budget, and the full-depth arms' last step lands within 1 %."""
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "pipelines" / "cgls.yaml").read_text())
+    train = next(s for s in spec["stages"] if s.get("method") == "train")["params"]
+    cgls = next(c for c in spec["stages"][0]["choice"] if c["method"] == "cgls")["params"]
+    config = registries().models.get(spec["model"]).load().model.config
+    steps = train["tokens"] // (train["batch"] * train["seq_len"])
+    depths = depth_schedule(cgls["start_layers"], config.num_hidden_layers, cgls["stages"])
+    grown = sum(step_flops_by_hand(config, depths[stage_of(s, steps, len(depths))], train["batch"], train["seq_len"]) for s in range(steps))
+    full_step = step_flops_by_hand(config, config.num_hidden_layers, train["batch"], train["seq_len"])
+    full = (train["flops"] // full_step) * full_step
+    assert grown <= train["flops"] and abs(full - grown) / grown < 0.01
