@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from paretolab import Method, Paper, TrialContext, hookimpl
+from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.layerdrop import remove_layers
@@ -58,6 +58,9 @@ from paretolab.training.hooks import TrainingHook, training_of
 PAPER = Paper("Curriculum-Guided Layer Scaling for Language Model Pretraining", "arXiv 2025", "https://arxiv.org/abs/2506.11389")
 NEW_LAYERS = ("copy_top", "identity")
 VARIANTS = ("cgls", "stacking", "curriculum")
+METRICS = (
+    Metric("cgls_final_layers", "layers", "maximize", "cgls: decoder layers at the end of the train stage (below the model's depth: a budget or time cap stopped growth)"),
+)
 
 
 def depth_schedule(start: int, full: int, stages: int) -> list[int]:
@@ -178,6 +181,10 @@ class CGLS(Method):
     paper = PAPER
     cost_is = "real"  # shallow early stages really run fewer layers: fewer training FLOPs per step
     fixed_variant: str | None = None  # the ablation methods below fix it (their own labels in a pipeline's choice and claim)
+    metrics = tuple(m.name for m in METRICS)
+
+    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        return {"cgls_final_layers": float(len(decoder_layers(subject.model)))}
 
     def search_space(self) -> dict[str, Any]:
         # start_layers is not searched: its range is the model's depth, which the space cannot know
@@ -234,3 +241,9 @@ def register_methods(register: Callable[[Method], None]) -> None:
     register(CGLS())
     register(CGLSStacking())
     register(CGLSCurriculum())
+
+
+@hookimpl
+def register_metrics(register: Callable[[Metric], None]) -> None:
+    for metric in METRICS:
+        register(metric)

@@ -78,6 +78,7 @@ def test_grows_at_the_set_fractions_carries_moments_and_counts_flops_exactly(tin
     registries().methods.get("train").transform(subject, params, make_ctx(tmp_path))
     assert subject.info["cgls"]["grown_at"] == [[3, 3], [6, 4]]  # 1 layer, 3 layers at step 3 (1/3), 4 at step 6 (2/3)
     assert len(subject.model.model.layers) == subject.model.config.num_hidden_layers == 4
+    assert CGLS().measure(subject, ctx) == {"cgls_final_layers": 4.0}
     assert [layer.self_attn.layer_idx for layer in subject.model.model.layers] == [0, 1, 2, 3]
     assert watch.checked == [3, 6]
     by_hand = 3 * sum(step_flops_by_hand(subject.model.config, d, 8, 32) for d in (1, 3, 4))
