@@ -59,7 +59,7 @@ def gate(x: torch.Tensor, act: str) -> torch.Tensor:
 
 def sparse_token_ffn(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_t: torch.Tensor, act: str) -> torch.Tensor:
     """FFN output for one token x (..., H): dense gate, then only the active units' rows of up (I, H) and of down_t (I, H),
-    down_proj's weight transposed (contiguous rows per unit: a strided column gather of (H, I) was 1.5-2× slower here)."""
+    down_proj's weight transposed (contiguous rows per unit: a strided column gather of (H, I) was 1.3-1.8× slower here at 90 % zeros)."""
     flat = x.reshape(-1)
     a = gate(torch.mv(gate_w, flat), act)
     active = torch.nonzero(a).squeeze(1)
