@@ -27,7 +27,8 @@ Ours (a reduced, deterministic version for the ``train`` stage):
   stage k of K, batches are drawn uniformly (from the stage's seed) from the easiest (k+1)/K of the
   windows, so the last stage draws from all of them (a "baby steps" curriculum: easy first, hard
   added). On pystdlib-train low surprisal means common tokens: indentation, keywords, short
-  repeated lines; high: rare identifiers, long strings and literals.
+  repeated lines; high: rare identifiers, long strings and literals. A later train stage of the
+  same trial neither grows the model again nor orders the data (uniform over all windows).
 - Schedule: stages are shares of the stage's step count (``state.max_steps``), which the loop
   sets from the token budget, or under a FLOP budget from the first step's cost; with growth the
   first (shallow) step would overstate what a FLOP budget buys, so growth needs ``train.tokens``
