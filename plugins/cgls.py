@@ -26,8 +26,10 @@ Ours (a reduced, deterministic version for the ``train`` stage):
   p = count / total over the whole training corpus): deterministic, one pass of ``bincount``. In
   stage k of K, batches are drawn uniformly (from the stage's seed) from the easiest (k+1)/K of the
   windows, so the last stage draws from all of them (a "baby steps" curriculum: easy first, hard
-  added). On pystdlib-train low surprisal means common tokens: indentation, keywords, short
-  repeated lines; high: rare identifiers, long strings and literals. A later train stage of the
+  added). On pystdlib-train (2.94 M tokens, 22,812 windows of 129; mean surprisal 5.2-9.7 nats,
+  terciles at 6.4 and 6.7) the easiest windows are tables of common tokens (hex literals and
+  commas), the middle ones mapping tables and ordinary code, the hardest long string literals of
+  rare (non-ASCII) characters: a cheap proxy, not a judgement of how hard code is. A later train stage of the
   same trial neither grows the model again nor orders the data (uniform over all windows).
 - Schedule: stages are shares of the stage's step count (``state.max_steps``), which the loop
   sets from the token budget, or under a FLOP budget from the first step's cost; with growth the
