@@ -185,7 +185,9 @@ def test_the_pipeline_gives_every_arm_the_same_flops() -> None:
     spec = yaml.safe_load((Path(__file__).parents[2] / "pipelines" / "cgls.yaml").read_text())
     train = next(s for s in spec["stages"] if s.get("method") == "train")["params"]
     cgls = next(c for c in spec["stages"][0]["choice"] if c["method"] == "cgls")["params"]
-    config = registries().models.get(spec["model"]).load().model.config
+    from paretolab.training.tokenizer import pystdlib_tokenizer
+
+    config = registries().models.get(spec["model"]).shape.config(pystdlib_tokenizer())  # the preset's config, no weights built
     steps = train["tokens"] // (train["batch"] * train["seq_len"])
     depths = depth_schedule(cgls["start_layers"], config.num_hidden_layers, cgls["stages"])
     grown = sum(step_flops_by_hand(config, depths[stage_of(s, steps, len(depths))], train["batch"], train["seq_len"]) for s in range(steps))
