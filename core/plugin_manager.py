@@ -54,6 +54,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.linear_attention",
     "paretolab.plugins.prac",
     "paretolab.plugins.tetrajet",
+    "paretolab.plugins.l1_sparsity",
+    "paretolab.plugins.cgls",
 )
 
 
