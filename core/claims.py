@@ -8,13 +8,18 @@ claim: {text: "BHyT trains to a lower loss than RMSNorm", metric: val_loss, meth
 ``method`` and ``baseline`` are labels of what the pipeline's ``choice`` stages picked (``bhyt``,
 ``none``, ``magnitude+rtn``: the chosen methods other than ``none`` joined by ``+``; ``none`` when
 every choice picked ``none``); fixed stages such as ``train`` are in every trial and so not
-named. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
+named. A label may end in ``[param=value, ...]`` to take only the trials whose methods ran with those
+values, so a baseline that is a parameter of the method can be named: ``tetrajet[recipe=naive]``. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
 value and the same value of every other parameter that belongs to neither side's methods
 (e.g. ``train.lr``, ``train.tokens``). The verdict is on the paired differences
 ``metric(method) - metric(baseline)``: their mean and a 95 % Student-t interval over the pairs
 (a t interval rather than a bootstrap: studies pair over a handful of seeds, where a bootstrap's
 percentiles are degenerate). *held* when the interval lies on the expected side of 0, *did not
 hold* when it lies on the other side, *within noise* when it contains 0.
+
+An optional ``reference`` (a third label, e.g. the full-precision run of a low-precision claim)
+adds the share of the baseline-to-reference gap the method closes, per matched triple:
+(baseline − method) / (baseline − reference), with its mean and t interval (no verdict).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from paretolab.errors import ConfigError
 
-FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by")
+FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by", "reference")
 EXPECT = ("lower", "higher")
 LEVEL = 0.95
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
@@ -41,6 +46,7 @@ class Claim:
     baseline: str
     expect: str = "lower"
     pair_by: str = "seed"
+    reference: str | None = None  # a third label: report the share of the baseline-to-reference gap the method closes
 
 
 def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
@@ -62,30 +68,73 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
     if expect not in EXPECT:
         raise ConfigError(f"claim.expect: expected lower or higher (the direction the method should move {metric}), got {expect!r}")
     labels = choice_methods(stages)
-    for key in ("method", "baseline"):
-        unknown = [m for m in raw[key].split("+") if m not in labels]
+    params = stage_params(stages, regs)
+    if "reference" in raw and (not isinstance(raw["reference"], str) or raw["reference"] in (raw["method"], raw["baseline"])):
+        raise ConfigError(f"claim.reference: expected a label other than the method and the baseline, got {raw['reference']!r}")
+    for key in ("method", "baseline", "reference")[: 3 if "reference" in raw else 2]:
+        base, wanted = split_label(raw[key], where=f"claim.{key}")
+        unknown = [m for m in base.split("+") if m not in labels]
         if unknown:
             raise ConfigError(
                 f"claim.{key}: {raw[key]!r} names {', '.join(map(repr, unknown))}, which no `choice` stage offers; "
                 f"give methods of the choice stages joined by + ({', '.join(sorted(labels)) or 'the pipeline has no choice stage'})"
             )
+        for name in wanted:
+            if not any(f"{m}.{name}" in params for m in base.split("+")):
+                raise ConfigError(f"claim.{key}: {raw[key]!r} selects on {name!r}, which is no parameter of {base!r}")
     if raw["method"] == raw["baseline"]:
         raise ConfigError(f"claim.baseline: {raw['baseline']!r} is also the claim's method; compare the method with another choice")
     pair_by = raw.get("pair_by", "seed")
-    params = stage_params(stages, regs)
     if not isinstance(pair_by, str) or not any(pair_by in (p, p.split(".", 1)[1]) for p in params):
         raise ConfigError(
             f"claim.pair_by: {pair_by!r} is no parameter of this pipeline's methods; "
             f"give one of {', '.join(sorted(params)) or 'none'} (or its short name, e.g. seed)"
         )
-    return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by)
+    return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by, raw.get("reference"))
 
 
 def claim_from(raw: Any) -> Claim | None:
     """The claim a stored pipeline carries (validated when the study started), or None."""
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("text", "metric", "method", "baseline")):
         return None
-    return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")))
+    reference = raw.get("reference") if isinstance(raw.get("reference"), str) else None
+    return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), str(raw.get("pair_by", "seed")), reference)
+
+
+def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str]]:
+    """``tetrajet[recipe=naive]`` -> (``tetrajet``, {``recipe``: ``naive``}); a label without brackets selects nothing more."""
+    base, bracket, rest = label.partition("[")
+    if not bracket:
+        return label.strip(), {}
+    if not rest.endswith("]"):
+        raise ConfigError(f"{where}: {label!r} opens '[' without closing it; write method[param=value, ...]")
+    wanted = {}
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ConfigError(f"{where}: {item!r} in {label!r} is not param=value")
+        wanted[name.strip()] = value.strip()
+    return base.strip(), wanted
+
+
+def _selects(label: str, trial: dict[str, Any]) -> bool:
+    """The trial has ``label``'s methods and ran them with the values its brackets ask for."""
+    base, wanted = split_label(label)
+    if trial["label"] != base:
+        return False
+    methods = base.split("+")
+    for name, value in wanted.items():
+        ran = [v for k, v in trial["params"].items() if k.split(".")[-1] == name and _method_of(k) in methods]
+        if not ran or not all(_same(v, value) for v in ran):
+            return False
+    return True
+
+
+def _same(value: Any, text: str) -> bool:
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return str(value) == text
 
 
 def choice_methods(stages: tuple[Any, ...]) -> set[str]:
@@ -155,14 +204,14 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
     with more than one trial on a side (e.g. a baseline searched over its own parameter while
     the method is not) cannot be paired unambiguously and is counted, not guessed.
     """
-    own = {*claim.method.split("+"), *claim.baseline.split("+")}
+    own = {*split_label(claim.method)[0].split("+"), *split_label(claim.baseline)[0].split("+")}
 
     def is_pair_by(name: str) -> bool:
         parts = name.split(".")
         return parts[-1] == claim.pair_by or ".".join(parts[-2:]) == claim.pair_by
 
     def side_of(trial: dict[str, Any]) -> str | None:
-        return "method" if trial["label"] == claim.method else "baseline" if trial["label"] == claim.baseline else None
+        return "method" if _selects(claim.method, trial) else "baseline" if _selects(claim.baseline, trial) else None
 
     # The pair_by parameters both sides have: when the method is itself a stage with that parameter
     # (a `train` chosen against `none` before a shared train stage), only the shared stage's value pairs.
@@ -236,6 +285,8 @@ def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str
     lines.append(f"**Verdict: {result.verdict(claim.expect)}** — {_difference(claim, claim.metric, result)}.")
     if ambiguous:
         lines.append(f"{ambiguous} `{claim.pair_by}` value(s) left out: more than one trial on a side with the same parameters.")
+    if claim.reference:
+        lines += ["", gap_line(claim, trials)]
     flops = paired(pairs, lambda m, b: equal_flops_difference(m, b, curve))
     if flops.n:
         verdict = f"**{flops.verdict(claim.expect)}** — " if claim.metric == "val_loss" else ""
@@ -245,6 +296,35 @@ def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str
         lines += ["", "Budgets differ between paired trials, but their learning curves (`learning_curve.json`) are not "
                       "readable from the store: no loss at equal FLOPs."]
     return [*lines, ""]
+
+
+def gap_closed(claim: Claim, trials: list[dict[str, Any]]) -> tuple[Paired, list[tuple[int, int, int]]]:
+    """(baseline − method) / (baseline − reference) of ``claim.metric`` per (method, baseline, reference) triple matched as pairs are."""
+    assert claim.reference is not None
+    to_reference = Claim(claim.text, claim.metric, claim.baseline, claim.reference, claim.expect, claim.pair_by)
+    reference_of = {int(b["trial"]): r for b, r in pair_trials(to_reference, trials)[0]}
+    shares, triples = [], []
+    for m, b in pair_trials(claim, trials)[0]:
+        r = reference_of.get(int(b["trial"]))
+        if r is None:
+            continue
+        gap = float(b[claim.metric]) - float(r[claim.metric])
+        if gap != 0 and math.isfinite(gap):
+            shares.append((float(b[claim.metric]) - float(m[claim.metric])) / gap)
+            triples.append((int(m["trial"]), int(b["trial"]), int(r["trial"])))
+    return Paired(tuple(shares), tuple((m, b) for m, b, _ in triples)), triples
+
+
+def gap_line(claim: Claim, trials: list[dict[str, Any]]) -> str:
+    """The Markdown line giving the share of the baseline-to-reference gap closed."""
+    result, triples = gap_closed(claim, trials)
+    name = f"share of the `{claim.baseline}` → `{claim.reference}` gap in {claim.metric} closed by `{claim.method}`"
+    if result.n == 0:
+        return f"{name.capitalize()}: no matched (method, baseline, reference) triple with a nonzero gap."
+    span = result.interval
+    ci = f" [{span[0]:.1%}, {span[1]:.1%}] (95 % t interval)" if span else ""
+    listed = ", ".join(f"{m}–{b}–{r}" for m, b, r in triples)
+    return f"{name[0].upper()}{name[1:]}: (baseline − method) / (baseline − reference) = {result.mean:.1%}{ci}, mean over n = {result.n} triple(s) (trials {listed})."
 
 
 def _difference(claim: Claim, metric: str, result: Paired) -> str:

@@ -38,7 +38,9 @@ PYSTDLIB_SHA256: dict[str, dict[str, str]] = {
               "pystdlib-val": "7909979fa648e35f313ffc49c6e7555212ba4e0e161b12f22fcc6b8a96ae7d36"},
 }
 PYSTDLIB_CORPORA = ("pystdlib-train", "pystdlib-val")
-BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA)  # built from what ships with Python: no data dir or network needed
+# Synthetic corpora, generated (seeded) by the module named: its corpus_text(name) returns the text.
+SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.assoc_recall", "assoc-recall-val": "paretolab.tasks.assoc_recall"}
+BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA, *SYNTHETIC_CORPORA)  # built here: no data dir or network needed
 PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
 # Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the
 # prose of the `pydoc` corpus, kept unseen so it stays an out-of-distribution evaluation).
@@ -166,7 +168,8 @@ def sha256_text(text: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_corpus(name: str) -> tuple[str, str]:
-    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, ``wikitext2``, or a path to a UTF-8 text file."""
+    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, a synthetic one (``assoc-recall-train``/``-val``),
+    ``wikitext2``, or a path to a UTF-8 text file."""
     if name == "pydoc":
         text = pydoc_text()
         digest = sha256_text(text)
@@ -177,6 +180,11 @@ def load_corpus(name: str) -> tuple[str, str]:
         digest = sha256_text(text)
         _warn_unpinned(name, digest, PYSTDLIB_SHA256.get(python_version(), {}).get(name))
         return text, digest
+    if name in SYNTHETIC_CORPORA:
+        import importlib
+
+        text = importlib.import_module(SYNTHETIC_CORPORA[name]).corpus_text(name)
+        return text, sha256_text(text)
     if name in KNOWN_FILES:
         relative, url = KNOWN_FILES[name]
         text = find_data_file(relative, url=url).read_text(encoding="utf-8")

@@ -190,6 +190,9 @@ class BatchDecoder:
 def _crop_front(cache: Any, n: int) -> None:
     """Drop the first ``n`` positions of every layer of a DynamicCache (they are padding everywhere)."""
     for layer in getattr(cache, "layers", []):
+        if hasattr(layer, "crop_front"):  # a layer that keeps no keys per position (a recurrent state) crops itself
+            layer.crop_front(n)
+            continue
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys = layer.keys[..., n:, :]
             layer.values = layer.values[..., n:, :]

@@ -30,6 +30,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.multiple_choice",
     "paretolab.tasks.generation",
     "paretolab.tasks.retrieval",
+    "paretolab.tasks.assoc_recall",
     "paretolab.measures",
     "paretolab.models",
     "paretolab.training.models",
@@ -50,6 +51,11 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.mup_upscale",
     "paretolab.plugins.norms",
     "paretolab.plugins.kv_sharing",
+    "paretolab.plugins.linear_attention",
+    "paretolab.plugins.prac",
+    "paretolab.plugins.tetrajet",
+    "paretolab.plugins.l1_sparsity",
+    "paretolab.plugins.cgls",
 )
 
 

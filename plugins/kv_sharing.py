@@ -21,7 +21,8 @@ group (the paper's conversion); going up (e.g. GQA back to MHA) repeats heads, w
 model's function exactly. With ``kv_heads`` = heads/2 it matches ``qk_v_sharing``'s cache bytes on MHA.
 
 ``kv_cache`` measure (ours): ``kv_bytes_per_token``, the bytes the model's own HF cache holds after a
-short prefill, divided by the tokens — measured on the cache tensors, for every model.
+short prefill, divided by the tokens — measured on the cache tensors, for every model (for a
+linear-attention layer, its recurrent state: constant in the tokens, so the ratio falls with them).
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ def cache_bytes_per_token(model: torch.nn.Module, tokens: int = 16) -> float:
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise ConfigError(f"kv_cache: {type(model).__name__} returned a {type(cache).__name__}, not a transformers Cache with .layers")
-    total = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values) if t is not None)
+    # a recurrent (linear-attention) layer holds a state instead of keys/values: that state is what it keeps
+    held = [t for layer in layers for t in (getattr(layer, "state", None) or (layer.keys, layer.values)) if t is not None]
+    total = sum(t.numel() * t.element_size() for t in held)
     return total / tokens
 
 

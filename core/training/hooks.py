@@ -68,7 +68,9 @@ class TrainingHook:
         """Replace the loss of one step (the default is next-token cross-entropy). Owner only."""
 
     def before_step(self, state: Any) -> None:
-        """Before the forward pass of each optimizer step (e.g. choose the layers to skip)."""
+        """Before the forward pass of each optimizer step (e.g. choose the layers to skip). A hook that adds or replaces
+        parameters here sets ``state.rebuild_optimizer = True``: the loop then rebuilds AdamW (groups again through
+        ``param_groups``) before this step, carrying the moments of parameters whose name and shape are unchanged."""
 
     def after_backward(self, state: Any) -> None:
         """After backward, before clipping and the optimizer step (e.g. change gradients)."""

@@ -54,6 +54,7 @@ class TrainState:
     last_loss: float = float("nan")
     lr: float = 0.0
     stopped_by: str = ""
+    rebuild_optimizer: bool = False  # set by a hook in before_step after it changed the model's parameters: the loop rebuilds AdamW before the step
     extra: dict[str, Any] = field(default_factory=dict)  # for hooks to share facts within a stage
 
 
@@ -155,16 +156,7 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
     model = state.model
     device = state.device = subject.device
 
-    groups = param_groups(model, lr=opts.lr, weight_decay=opts.weight_decay)
-    for hook in hooks:
-        changed = hook.param_groups(groups, state)
-        if changed is not None:
-            groups = changed
-    for group in groups:
-        group.setdefault("lr", opts.lr)
-        group["peak_lr"] = group["lr"]  # the schedule scales each group's own lr (μP gives groups different ones)
-    state.optimizer = optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=BETAS, weight_decay=opts.weight_decay, foreach=False)
-    _carry_optimizer_state(model, optimizer, record.optimizer_state, device)
+    state.optimizer = optimizer = _build_optimizer(model, hooks, state, record.optimizer_state)
 
     loss_owner, data_owner = record.owner("loss"), record.owner("data")
     ids = None if data_owner is not None else corpus_token_ids(subject.tokenizer, opts.corpus)
@@ -192,17 +184,22 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
         while True:
             for hook in hooks:
                 hook.before_step(state)
+            if state.rebuild_optimizer:  # a hook changed the parameters (e.g. grew the model): new groups, old moments by name
+                state.optimizer = optimizer = _build_optimizer(model, hooks, state, _named_optimizer_state(model, optimizer))
+                state.rebuild_optimizer = False
             batch = next(data)
             key = (tuple(batch.shape), tuple(hook.step_signature(state) for hook in hooks))
             t0 = time.perf_counter()
             first = state.step == 0
-            with counter.counting(key), saved_activations(model) if first else _nothing() as acts:
+            new_shape = counter.get(key) is None  # the first step of each distinct compute (a hook may grow the model): weigh it
+            with counter.counting(key), saved_activations(model) if new_shape else _nothing() as acts:
                 loss = loss_owner.loss(model, batch, state) if loss_owner is not None else _default_loss(model, batch, state)
                 if loss is None:
                     raise ConfigError(f"method {loss_owner.method!r}: its training hook replaces the loss but loss() returned None")
                 loss.backward()
+            if new_shape:
+                peak_act_mb = max(peak_act_mb, acts.mb)
             if first:
-                peak_act_mb = acts.mb
                 state.max_steps = _max_steps(opts, steps_by_tokens, counter.get(key) or 0.0)
             for hook in hooks:
                 hook.after_backward(state)
@@ -213,8 +210,8 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
             for group in optimizer.param_groups:
                 group["lr"] = group["peak_lr"] * factor
             optimizer.step()
-            if first:
-                mem_mb = state_mb(model, optimizer) + peak_act_mb
+            if new_shape:
+                mem_mb = max(mem_mb, state_mb(model, optimizer) + acts.mb)
             optimizer.zero_grad(set_to_none=True)
             state.last_loss = float(loss.detach())
             step_flops = counter.get(key) or 0.0
@@ -302,6 +299,23 @@ def _eval_point(state: TrainState, record: Training, windows: torch.Tensor, loss
     log.info("train %s step %d tokens %d: train_loss %.4f val_loss %.4f", row["stage"], row["step"], row["tokens"], row["train_loss"], row["val_loss"])
 
 
+def _build_optimizer(model: torch.nn.Module, hooks: list[TrainingHook], state: TrainState,
+                     saved: dict[str, dict[str, torch.Tensor]]) -> torch.optim.Optimizer:
+    """AdamW over the model's parameter groups (as the hooks change them), with the moments in ``saved`` carried by name."""
+    opts = state.params
+    groups = param_groups(model, lr=opts.lr, weight_decay=opts.weight_decay)
+    for hook in hooks:
+        changed = hook.param_groups(groups, state)
+        if changed is not None:
+            groups = changed
+    for group in groups:
+        group.setdefault("lr", opts.lr)
+        group["peak_lr"] = group["lr"]  # the schedule scales each group's own lr (μP gives groups different ones)
+    optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=BETAS, weight_decay=opts.weight_decay, foreach=False)
+    _carry_optimizer_state(model, optimizer, saved, state.device)
+    return optimizer
+
+
 def _carry_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, dict[str, torch.Tensor]],
                            device: torch.device) -> None:
     """Load AdamW moments saved by name by an earlier stage (or transformed by a method) where the shapes still match."""
@@ -321,7 +335,7 @@ def _named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 class _nothing:
-    """A context manager yielding None (the activation meter runs on the first step only)."""
+    """A context manager yielding None (the activation meter runs on the first step of each distinct step shape only)."""
 
     def __enter__(self) -> None:
         return None

@@ -41,7 +41,7 @@ def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
 @pytest.mark.parametrize(
     "path, value, message",
     [
-        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by}, got 'better'"),
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by, reference}, got 'better'"),
         ("claim.verdict", "held", "claim.verdict: unknown field"),
         ("claim.text", KeyError, "claim.text: required field is missing"),
         ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
@@ -224,3 +224,54 @@ def test_a_train_stage_chosen_against_none_pairs_on_the_shared_train_stage_seed(
               trial(3, "none", 0, "mup"), trial(4, "none", 1, "mup"), trial(5, "none", 0, "sp")]
     pairs, ambiguous = pair_trials(claim, trials)
     assert sorted((m["trial"], b["trial"]) for m, b in pairs) == [(0, 3), (1, 4), (2, 5)] and ambiguous == 0
+
+
+def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
+    """A baseline that is a parameter of the method (tetrajet's recipe: naive) is named as ``tetrajet[recipe=naive]``."""
+    from paretolab.claims import Claim, pair_trials
+
+    def trial(n, label, seed, **own):
+        return {"trial": n, "label": label, "val_loss": 3.0, "params": {"stage1.train.seed": seed, **{f"stage0.{label}.{k}": v for k, v in own.items()}}}
+
+    trials = [trial(0, "tetrajet", 0, recipe="tetrajet"), trial(1, "tetrajet", 0, recipe="naive"), trial(2, "none", 0),
+              trial(3, "tetrajet", 1, recipe="tetrajet"), trial(4, "tetrajet", 1, recipe="naive"), trial(5, "none", 1)]
+    claim = Claim("t", "val_loss", "tetrajet[recipe=tetrajet]", "tetrajet[recipe=naive]", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(claim, trials)[0]] == [(0, 1), (3, 4)]
+    against_none = Claim("t", "val_loss", "tetrajet[recipe=naive]", "none", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(against_none, trials)[0]] == [(1, 2), (4, 5)]
+    unqualified = Claim("t", "val_loss", "tetrajet", "none", "lower", "seed")
+    assert pair_trials(unqualified, trials) == ([], 2)  # two tetrajet trials per seed: ambiguous, not guessed
+
+
+@pytest.mark.parametrize("label, message", [
+    ("magnitude[sparsity=0.5", "claim.method: 'magnitude[sparsity=0.5' opens '[' without closing it"),
+    ("magnitude[sparsity]", "claim.method: 'sparsity' in 'magnitude[sparsity]' is not param=value"),
+    ("magnitude[bits=4]", "claim.method: 'magnitude[bits=4]' selects on 'bits', which is no parameter of 'magnitude'"),
+])
+def test_a_malformed_bracket_label_is_refused(label, message):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, "claim.method", label))
+    assert message in str(err.value)
+    assert parse_spec(edited(PIPELINE, "claim.method", "magnitude[sparsity=0.5]")).claim.method == "magnitude[sparsity=0.5]"
+
+
+def test_a_reference_gives_the_share_of_the_gap_closed():
+    """tetrajet vs naive NVFP4 with fp32 (none) as the reference: (naive − tetrajet) / (naive − none) per seed."""
+    from paretolab.claims import Claim, claim_lines
+
+    losses = {(0, "tetrajet"): 3.2, (0, "naive"): 3.4, (0, "none"): 3.0, (1, "tetrajet"): 3.3, (1, "naive"): 3.6, (1, "none"): 3.0}
+    trials = []
+    for n, ((seed, arm), loss) in enumerate(sorted(losses.items())):
+        label = "none" if arm == "none" else "tetrajet"
+        params = {"stage1.train.seed": seed, **({"stage0.tetrajet.recipe": arm} if label == "tetrajet" else {})}
+        trials.append({"trial": n, "label": label, "val_loss": loss, "params": params})
+    claim = Claim("t", "val_loss", "tetrajet[recipe=tetrajet]", "tetrajet[recipe=naive]", "lower", "seed", reference="none")
+    text = "\n".join(claim_lines(claim, trials, lambda run: None))
+    line = next(line for line in text.splitlines() if line.startswith("Share of the"))
+    # seed 0: (3.4 − 3.2)/(3.4 − 3.0) = 50 %; seed 1: (3.6 − 3.3)/(3.6 − 3.0) = 50 %
+    assert "closed by `tetrajet[recipe=tetrajet]`: (baseline − method) / (baseline − reference) = 50.0% [50.0%, 50.0%]" in line, line
+    assert "n = 2 triple(s)" in line
+    with pytest.raises(ConfigError, match="claim.reference: expected a label other than the method and the baseline"):
+        parse_spec(edited(PIPELINE, "claim.reference", "none"))
+    assert parse_spec(edited(edited(PIPELINE, "stages.0.choice", [{"method": "magnitude"}, {"method": "dyt"}, {"method": "none"}]),
+                             "claim.reference", "dyt")).claim.reference == "dyt"

@@ -28,6 +28,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "gsm8k": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
     "qa": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
     "kv_retrieval": {"path": "{tmp}/kv.jsonl", "limit": 1, "max_new_tokens": 4},
+    "assoc_recall": {"examples": 2, "batch_size": 2},
 }
 MEASURES: dict[str, dict[str, Any]] = {
     "latency": {"prompt_tokens": 16, "new_tokens": 2, "repeats": 1, "warmup": 0},
@@ -35,6 +36,7 @@ MEASURES: dict[str, dict[str, Any]] = {
     "hidden_var": {"max_tokens": 128, "seq_len": 64},
     "kv_cache": {"tokens": 8},
     "early_exit": {"max_tokens": 128, "seq_len": 64, "draft_k": 2, "prompts": 1, "prompt_tokens": 8, "new_tokens": 4},
+    "ffn_sparsity": {"max_tokens": 128, "seq_len": 64, "prompt_tokens": 8, "new_tokens": 2, "repeats": 1, "max_repeats": 1},
 }
 
 
