@@ -10,12 +10,10 @@ The rows alternate (bare, stage, bare, stage) so that load on a shared machine h
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
-from tempfile import TemporaryDirectory
 
 import torch
+from _train_stage import arguments, train_metrics
 
 
 def bare(subject, steps: int, batch: int, seq_len: int) -> float:
@@ -34,36 +32,17 @@ def bare(subject, steps: int, batch: int, seq_len: int) -> float:
     return steps * batch * seq_len / (time.perf_counter() - start)
 
 
-def stage(subject, steps: int, batch: int, seq_len: int, threads: int) -> float:
-    """The train stage's own train_tok_s."""
-    from paretolab.context import TrialContext
-    from paretolab.plugin_manager import registries
-
-    with TemporaryDirectory() as tmp:
-        ctx = TrialContext(seed=0, workdir=Path(tmp), task={"name": "perplexity", "corpus": "pystdlib-val"}, cpus=threads, stage="s")
-        params = {"tokens": steps * batch * seq_len, "seq_len": seq_len, "batch": batch, "eval_every": steps + 1, "eval_tokens": seq_len,
-                  "corpus": "pystdlib-train"}
-        out = registries().methods.get("train").transform(subject, params, ctx)
-    return out.training.metrics["train_tok_s"]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="scratch-1m")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
-    args = parser.parse_args()
+    args = arguments(__doc__, steps=20)
     from paretolab.models import load_subject
 
     torch.set_num_threads(args.threads)
     base = load_subject(args.model)
-    stage(base.copy(), 1, args.batch, args.seq_len, args.threads)  # tokenize the corpus once (cached on disk), outside the timing
+    train_metrics(base.copy(), None, 1, args.batch, args.seq_len, args.threads)  # tokenize the corpus once (cached on disk), outside the timing
     rows = []
     for _ in range(2):
         rows.append(("bare PyTorch loop", bare(base.copy(), args.steps, args.batch, args.seq_len)))
-        rows.append(("train stage", stage(base.copy(), args.steps, args.batch, args.seq_len, args.threads)))
+        rows.append(("train stage", train_metrics(base.copy(), None, args.steps, args.batch, args.seq_len, args.threads)["train_tok_s"]))
     reference = sum(v for name, v in rows if name.startswith("bare")) / 2
     print(f"{args.model}, {args.steps} steps of {args.batch}x{args.seq_len} tokens, {args.threads} thread(s)")
     print(f"{'loop':<20} {'tokens/s':>10} {'ratio':>7}")

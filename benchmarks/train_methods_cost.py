@@ -10,12 +10,10 @@ of the fp32 simulation of NVFP4 (no FP4 hardware here): a slowdown, not an FP4 s
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 import torch
+from _train_stage import arguments, train_metrics
 
 ARMS: dict[str, tuple[str, dict[str, Any]] | None] = {
     "none": None,
@@ -25,37 +23,17 @@ ARMS: dict[str, tuple[str, dict[str, Any]] | None] = {
 }
 
 
-def run(subject: Any, arm: tuple[str, dict[str, Any]] | None, steps: int, batch: int, seq_len: int, threads: int) -> dict[str, float]:
-    from paretolab.context import TrialContext
-    from paretolab.plugin_manager import registries
-
-    with TemporaryDirectory() as tmp:
-        ctx = TrialContext(seed=0, workdir=Path(tmp), task={"name": "perplexity", "corpus": "pystdlib-val"}, cpus=threads, stage="s")
-        if arm is not None:
-            subject = registries().methods.get(arm[0]).transform(subject, dict(arm[1]), ctx)
-        params = {"tokens": steps * batch * seq_len, "seq_len": seq_len, "batch": batch, "eval_every": steps + 1, "eval_tokens": seq_len,
-                  "corpus": "pystdlib-train"}
-        out = registries().methods.get("train").transform(subject, params, ctx)
-    return out.training.metrics
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="scratch-1m")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
-    args = parser.parse_args()
+    args = arguments(__doc__, steps=10)
     from paretolab.models import load_subject
 
     torch.set_num_threads(args.threads)
     base = load_subject(args.model)
-    run(base.copy(), None, 1, args.batch, args.seq_len, args.threads)  # tokenize the corpus once (cached on disk), outside the timing
+    train_metrics(base.copy(), None, 1, args.batch, args.seq_len, args.threads)  # tokenize the corpus once (cached on disk), outside the timing
     results: dict[str, list[dict[str, float]]] = {name: [] for name in ARMS}
     for _ in range(2):
         for name, arm in ARMS.items():
-            results[name].append(run(base.copy(), arm, args.steps, args.batch, args.seq_len, args.threads))
+            results[name].append(train_metrics(base.copy(), arm, args.steps, args.batch, args.seq_len, args.threads))
     speed = {name: sum(r["train_tok_s"] for r in rows) / len(rows) for name, rows in results.items()}
     memory = {name: rows[0]["peak_act_mb"] for name, rows in results.items()}
     print(f"{args.model}, {args.steps} steps of {args.batch}x{args.seq_len} tokens, {args.threads} thread(s), mean of 2 rounds")
