@@ -16,7 +16,7 @@ Knobs: ``r`` (plasticity: more rows, more capacity, more forgetting) and ``col_t
 smaller, lower-energy Q, less forgetting). Targets: every Linear of the decoder layers (q, k, v, o,
 gate, up, down), as in the official README; the embedding, norms and LM head stay frozen.
 
-Ours: exact cosines and an exact full SVD of W_f in fp32 (the official code sketches both — a
+Ours: exact cosines and an exact decomposition of W_f in fp32 (eigh of W_fᵀW_f when W_f is tall, a full SVD when wide) (the official code sketches both — a
 Gaussian random projection for the cosines, SRHT + Hutch++ screening and a polished eigenproblem
 for Q — to scale to billions of parameters; at SmolLM2's sizes the exact computation takes seconds).
 The full SVD's basis includes W_f's null space (when W_f has fewer rows than inputs, e.g. k_proj),
@@ -70,13 +70,18 @@ def redundant_rows(weight: torch.Tensor, r: int) -> torch.Tensor:
 @torch.no_grad()
 def low_energy_basis(frozen: torch.Tensor, col_tau: float, max_rank: int) -> torch.Tensor:
     """(in, k) orthonormal bottom right singular vectors of the frozen rows: k = in − #top singular values holding col_tau of the energy."""
-    d_in = frozen.shape[1]
-    _, s, vh = torch.linalg.svd(frozen.float(), full_matrices=True)  # vh: (in, in), rows by falling singular value
-    energy = s.square()
+    rows, d_in = frozen.shape
+    w = frozen.float()
+    if rows >= d_in:  # eigh of the in × in Gram matrix: the same basis, several times faster than an SVD of a tall matrix
+        energy, vectors = torch.linalg.eigh(w.T @ w)  # ascending
+        energy, basis = energy.flip(0).clamp_min(0.0), vectors.flip(1)  # by falling energy
+    else:  # a wide matrix: the full SVD also gives its null space (the lowest-energy directions)
+        _, s, vh = torch.linalg.svd(w, full_matrices=True)
+        energy, basis = s.square(), vh.T
     total = float(energy.sum())
-    high = int(torch.searchsorted(torch.cumsum(energy, 0) / total, torch.tensor(col_tau, device=s.device)).item()) + 1 if total > 0 else 0
+    high = int(torch.searchsorted(torch.cumsum(energy, 0) / total, torch.tensor(col_tau, device=energy.device)).item()) + 1 if total > 0 else 0
     k = max(1, min(d_in - min(high, d_in), max_rank))
-    return vh[-k:].T.contiguous()
+    return basis[:, -k:].contiguous()
 
 
 def plate_shape(weight: torch.Tensor, r: int, col_tau: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
