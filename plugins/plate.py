@@ -16,7 +16,8 @@ Knobs: ``r`` (plasticity: more rows, more capacity, more forgetting) and ``col_t
 smaller, lower-energy Q, less forgetting). Targets: every Linear of the decoder layers (q, k, v, o,
 gate, up, down), as in the official README; the embedding, norms and LM head stay frozen.
 
-Ours: exact cosines and an exact decomposition of W_f in fp32 (eigh of W_fᵀW_f when W_f is tall, a full SVD when wide) (the official code sketches both — a
+Ours: exact cosines and an exact decomposition of W_f in fp32 (eigh of W_fᵀW_f when W_f is tall; when wide, eigh of W_fW_fᵀ for its row space and a seeded
+Gaussian projected onto the complement for the null-space part, an arbitrary basis there as an SVD's would be) (the official code sketches both — a
 Gaussian random projection for the cosines, SRHT + Hutch++ screening and a polished eigenproblem
 for Q — to scale to billions of parameters; at SmolLM2's sizes the exact computation takes seconds).
 The full SVD's basis includes W_f's null space (when W_f has fewer rows than inputs, e.g. k_proj),
@@ -72,16 +73,33 @@ def low_energy_basis(frozen: torch.Tensor, col_tau: float, max_rank: int) -> tor
     """(in, k) orthonormal bottom right singular vectors of the frozen rows: k = in − #top singular values holding col_tau of the energy."""
     rows, d_in = frozen.shape
     w = frozen.float()
-    if rows >= d_in:  # eigh of the in × in Gram matrix: the same basis, several times faster than an SVD of a tall matrix
+    if rows >= d_in:  # tall: eigh of the in × in Gram matrix (several times faster than an SVD)
         energy, vectors = torch.linalg.eigh(w.T @ w)  # ascending
         energy, basis = energy.flip(0).clamp_min(0.0), vectors.flip(1)  # by falling energy
-    else:  # a wide matrix: the full SVD also gives its null space (the lowest-energy directions)
-        _, s, vh = torch.linalg.svd(w, full_matrices=True)
-        energy, basis = s.square(), vh.T
+        return basis[:, -_low_rank(energy, d_in, col_tau, max_rank):].contiguous()
+    # wide: the rows' own directions from the small rows × rows Gram matrix; the other in − rank directions
+    # (the null space, energy 0, the lowest) are any orthonormal basis of the complement — a seeded Gaussian projected
+    # onto it (a full SVD would return an arbitrary one there too, at several times the cost)
+    energy, u = torch.linalg.eigh(w @ w.T)
+    energy, u = energy.flip(0).clamp_min(0.0), u.flip(1)
+    rank = int((energy > energy[0] * 1e-10).sum()) if float(energy[0]) > 0 else 0
+    k = _low_rank(energy, d_in, col_tau, max_rank)
+    v = w.T @ u[:, :rank] / energy[:rank].sqrt()  # (in, rank) right singular vectors, by falling energy
+    v = torch.linalg.qr(v).Q if rank else v
+    n_null = min(k, d_in - rank)
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    g = torch.randn(d_in, n_null, generator=gen, device=w.device)
+    for _ in range(2):  # twice: what rounding leaves in span(v) after one projection
+        g = g - v @ (v.T @ g)
+    null = torch.linalg.qr(g).Q
+    return torch.cat([v[:, rank - (k - n_null):], null], dim=1).contiguous() if k > n_null else null.contiguous()
+
+
+def _low_rank(energy: torch.Tensor, d_in: int, col_tau: float, max_rank: int) -> int:
+    """k = in − the fewest top directions holding col_tau of the energy, within [1, max_rank]."""
     total = float(energy.sum())
     high = int(torch.searchsorted(torch.cumsum(energy, 0) / total, torch.tensor(col_tau, device=energy.device)).item()) + 1 if total > 0 else 0
-    k = max(1, min(d_in - min(high, d_in), max_rank))
-    return basis[:, -k:].contiguous()
+    return max(1, min(d_in - min(high, d_in), max_rank))
 
 
 def plate_shape(weight: torch.Tensor, r: int, col_tau: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,6 +80,18 @@ def test_redundant_rows_and_low_energy_basis() -> None:
     assert low_energy_basis(low, col_tau=0.99, max_rank=3).shape == (16, 3)
 
 
+@pytest.mark.parametrize("shape", [(40, 16), (6, 16), (12, 16)])
+def test_q_holds_the_least_energy_any_basis_can(shape: tuple[int, int]) -> None:
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) @ torch.diag(torch.logspace(1, -2, shape[1]))
+    energies = torch.linalg.svdvals(w).square()
+    spectrum = torch.cat([energies, torch.zeros(shape[1] - energies.numel())]).sort().values  # every input direction's, ascending
+    for tau, cap in ((0.9, 100), (0.99, 3), (0.999, 8)):
+        q = low_energy_basis(w, col_tau=tau, max_rank=cap)
+        k = q.shape[1]
+        assert torch.allclose(q.T @ q, torch.eye(k), atol=1e-4)
+        assert (w @ q).square().sum() == pytest.approx(float(spectrum[:k].sum()), rel=1e-3, abs=1e-6)  # the k smallest energies
+
+
 def test_plate_refuses_bad_knobs(tiny: Subject, ctx: TrialContext) -> None:
     with pytest.raises(ConfigError, match="plate.r"):
         Plate().transform(tiny.copy(), {"r": 0}, ctx)
