@@ -102,13 +102,25 @@ def _low_rank(energy: torch.Tensor, d_in: int, col_tau: float, max_rank: int) ->
     return max(1, min(d_in - min(high, d_in), max_rank))
 
 
+_SHAPES: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # per process: a weight's fingerprint and knobs -> (rows, Q)
+_SHAPES_MAX = 1024  # entries (one per layer and setting: SmolLM2 has 210 targets)
+
+
 def plate_shape(weight: torch.Tensor, r: int, col_tau: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(selected row indices, Q) of one pretrained weight."""
-    out = weight.shape[0]
-    rows = redundant_rows(weight, max(1, min(r, int(MAX_TRAINABLE_FRACTION * out))))
-    keep = torch.ones(out, dtype=torch.bool, device=weight.device)
-    keep[rows] = False
-    return rows, low_energy_basis(weight[keep], col_tau, max_rank)
+    """(selected row indices, Q) of one pretrained weight; remembered per process, since every trial of a worker
+    (and lora's count matching) starts from copies of the same weights and the decompositions cost minutes on a busy CPU."""
+    w = weight.detach()
+    key = (tuple(w.shape), w.dtype, float(w.double().sum()), float(w.double().square().sum()), float(w.double()[0].sum()), r, col_tau, max_rank)
+    if key not in _SHAPES:
+        out = w.shape[0]
+        rows = redundant_rows(w, max(1, min(r, int(MAX_TRAINABLE_FRACTION * out))))
+        keep = torch.ones(out, dtype=torch.bool, device=w.device)
+        keep[rows] = False
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[key] = (rows, low_energy_basis(w[keep], col_tau, max_rank))
+    rows, q = _SHAPES[key]
+    return rows.to(w.device), q.to(w.device)
 
 
 class PlateLinear(torch.nn.Module):
@@ -122,7 +134,7 @@ class PlateLinear(torch.nn.Module):
         device, dtype = base.weight.device, base.weight.dtype
         # frozen Parameters rather than buffers: they are weights the adapted model keeps (size_bytes counts them)
         self.plate_B = torch.nn.Parameter(torch.eye(base.out_features, device=device, dtype=dtype)[:, rows].contiguous(), requires_grad=False)
-        self.plate_Q = torch.nn.Parameter(q.to(device=device, dtype=dtype).contiguous(), requires_grad=False)
+        self.plate_Q = torch.nn.Parameter(q.to(device=device, dtype=dtype, copy=True), requires_grad=False)
         self.plate_A = torch.nn.Parameter(torch.zeros(rows.numel(), q.shape[1], device=device, dtype=dtype))
         self.alpha = alpha
 
