@@ -56,6 +56,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.tetrajet",
     "paretolab.plugins.l1_sparsity",
     "paretolab.plugins.cgls",
+    "paretolab.plugins.plate",
+    "paretolab.plugins.lora",
+    "paretolab.plugins.forgetting",
 )
 
 
