@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from paretolab.energy import is_energy_metric
 from paretolab.errors import ConfigError
 from paretolab.frontier import pareto_indices
 from paretolab.stores import Stores
@@ -394,7 +395,7 @@ def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
                 noisy = True
         if r.get("run_params", {}).get(ENERGY_SOURCE) == "estimate":
             for column in columns:
-                if _is_energy(column) and isinstance(r.get(column), float):
+                if is_energy_metric(column) and isinstance(r.get(column), float):
                     r[column] = f"≈{_cell(r[column])}"
                     estimated = True
     notes = []
@@ -403,11 +404,6 @@ def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
     if estimated:
         notes.append("≈ energy estimated from CPU time (no NVML or RAPL reading on that machine).")
     return [*notes, ""] if notes else []
-
-
-def _is_energy(column: str) -> bool:
-    """A column in joules (marked ≈ where the energy was estimated): energy_j, stage_energy_j.*, *_energy_j, *_j_per_token."""
-    return column == "energy_j" or column.startswith("stage_energy_j.") or column.endswith(("_energy_j", "_j_per_token"))
 
 
 def _float(value: Any) -> float | None:
