@@ -27,7 +27,6 @@ the ``none`` baseline is the plain ``train`` stage on the same corpus and token 
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -204,8 +203,7 @@ class _TeacherStage(Method):
         ids = corpus_token_ids(subject.tokenizer, opts.corpus)
         with FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter:
             hook, tokens = self.run_teacher(teacher, ids, opts, device)
-        del teacher
-        gc.collect()  # the teacher's weights go now: the train stage must not find them
+        del teacher  # the teacher's weights go now (nothing else holds them): the train stage cannot run it
         training_of(subject).attach(hook, method=self.name)
         subject.info.update({"teacher": opts.teacher, "teacher_tokens": tokens, "teacher_flops": float(counter.get_total_flops()),
                              "teacher_load_s": load_s, "teacher_windows": int(hook.windows.windows.shape[0])})

@@ -22,7 +22,7 @@ from paretolab.trial import TrialSettings, run_trial
 
 CORPUS = str(Path(__file__).parents[2] / "README.md")
 KD = {"teacher": "tiny-llama", "tokens": 96, "seq_len": 16, "batch": 2, "top_k": 4, "tau": 2.0, "corpus": CORPUS}
-SFT = {"teacher": "tiny-llama", "tokens": 96, "seq_len": 16, "batch": 4, "prompt_tokens": 4, "new_tokens": 12, "corpus": CORPUS}
+SFT = {"teacher": "tiny-llama", "tokens": 96, "seq_len": 16, "batch": 12, "prompt_tokens": 4, "new_tokens": 4, "corpus": CORPUS}
 # 2 passes over KD's 6 cached windows of 16 tokens
 TRAIN = {"tokens": 192, "seq_len": 16, "batch": 2, "eval_every": 100, "eval_tokens": 64, "corpus": CORPUS}
 SETTINGS = TrialSettings("t", "perplexity", {"max_tokens": 128, "context": 32, "stride": 32}, {"stage_energy": {}}, seed=0)
@@ -124,7 +124,7 @@ def test_sft_trains_on_the_teachers_text(tiny: Subject, tmp_path: Path) -> None:
     out = DistillSFT().transform(tiny.copy(), dict(SFT), TrialContext(seed=0, workdir=tmp_path, stage="teacher"))
     hook = training_of(out).owner("data")
     assert hook is not None and training_of(out).owner("loss") is None  # plain CE on the teacher's text
-    assert out.info["teacher_tokens"] == 6 * (4 + 12)  # 6 prompts of 4 corpus tokens, 12 written by the teacher
+    assert out.info["teacher_tokens"] == 12 * (4 + 4)  # 12 prompts of 4 corpus tokens, 4 written by the teacher
     assert tuple(hook.windows.windows.shape) == (96 // 17, 17)
     assert out.info["teacher_flops"] > 0
 
