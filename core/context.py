@@ -17,7 +17,8 @@ class TrialContext:
     so that a trial is reproducible from its number. ``device`` is the subject's device: put new
     tensors there. Files written under ``workdir`` and listed with ``add_artifact`` are logged
     to MLflow by the driver. ``base`` is the worker's unmodified subject (shared by every trial
-    of the worker: read it, never change it).
+    of the worker: read it, never change it). ``stage_s`` / ``stage_energy_j`` hold the stages
+    finished so far (a measure sees every transform stage and ``evaluate``).
     """
 
     seed: int
@@ -31,6 +32,9 @@ class TrialContext:
     task: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None  # time.time() when the driver gives up on this trial (None: no limit); long stages stop before it
     artifacts: list[Path] = field(default_factory=list)
+    # the trial's finished windows so far, live: "copy", "transform:<stage id>", "evaluate" (seconds; joules, see paretolab.energy)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    stage_energy_j: dict[str, float] = field(default_factory=dict)
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""

@@ -35,6 +35,11 @@ DEFAULT_WATTS_PER_CORE = 6.75
 SOURCES = ("nvml", "rapl", "estimate")
 
 
+def is_energy_metric(name: str) -> bool:
+    """A metric in joules, to be marked where the energy was estimated: energy_j, stage_energy_j.*, *_energy_j, *_j_per_token."""
+    return name == "energy_j" or name.startswith("stage_energy_j.") or name.endswith(("_energy_j", "_j_per_token"))
+
+
 def watts_per_core() -> float:
     """The estimate's watts per busy core: ``$PARETOLAB_WATTS_PER_CORE`` or the default."""
     raw = os.environ.get(WATTS_ENV, "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[int]:
@@ -36,3 +37,41 @@ def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str])
 
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+
+def parse_frontiers(raw: Any, regs: Any) -> tuple[tuple[str, str], ...]:
+    """A pipeline's ``frontiers:`` — pairs of registered metrics (``[val_bpb, pipeline_energy_j]``) whose frontier the report prints."""
+    from paretolab.errors import ConfigError
+    from paretolab.spec import _lookup
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"frontiers: expected a list of metric pairs like [[val_bpb, pipeline_energy_j]], got {raw!r}")
+    out = []
+    for i, pair in enumerate(raw):
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(m, str) for m in pair) or pair[0] == pair[1]:
+            raise ConfigError(f"frontiers[{i}]: expected two different metric names [quality, cost], got {pair!r}")
+        out.append(tuple(_lookup(regs.metrics, m, f"frontiers[{i}]").name for m in pair))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def frontier_lines(pairs: Sequence[Sequence[str]], rows: list[dict[str, Any]], directions: dict[str, str]) -> list[str]:
+    """Markdown: for each metric pair, the methods whose trials sit on the frontier of all trials pooled, and whether the sets differ."""
+    if not pairs:
+        return []
+    lines = ["**Frontiers** (every complete trial is one point; listed: the trials no other trial beats on both metrics, by method):", ""]
+    sets = []
+    for pair in pairs:
+        points = [r for r in rows if all(isinstance(r.get(m), (int, float)) for m in pair)]
+        front = [points[i] for i in pareto_indices([[float(r[m]) for m in pair] for r in points], [directions[m] for m in pair])]
+        by_method: dict[str, list[int]] = {}
+        for r in front:
+            by_method.setdefault(r["label"], []).append(int(r["trial"]))
+        sets.append(frozenset(by_method))
+        listed = "; ".join(f"{label} (trial{'s' if len(t) > 1 else ''} {', '.join(map(str, sorted(t)))})" for label, t in sorted(by_method.items()))
+        lines.append(f"- `{pair[0]}` vs `{pair[1]}` ({len(points)} trials): {listed or 'no trial reported both'}")
+    names = [", ".join(sorted(s)) or "none" for s in sets]
+    outcome = ("the methods on the frontier differ: " + " → ".join(f"{{{n}}}" for n in names)) if len(set(sets)) > 1 \
+        else f"the same methods sit on every frontier: {{{names[0]}}}"
+    return [*lines, "", f"**Frontier outcome:** {outcome}.", ""]

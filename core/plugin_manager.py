@@ -59,6 +59,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.plate",
     "paretolab.plugins.lora",
     "paretolab.plugins.forgetting",
+    "paretolab.plugins.distill",
+    "paretolab.plugins.stage_energy",
 )
 
 

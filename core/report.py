@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from paretolab.energy import is_energy_metric
 from paretolab.errors import ConfigError
 from paretolab.frontier import pareto_indices
 from paretolab.stores import Stores
@@ -229,6 +230,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         f"## {name}",
         "",
         *_claim(pipeline, rows, stores),
+        *_frontiers(pipeline, rows),
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
         + ", ".join(f"{m} ({d})" for m, d in objectives)
         + f"; {len(rows)} complete trial(s), {failed} failed.",
@@ -274,6 +276,18 @@ def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores)
         return []
     trials = [{**r, "label": _choice_label(pipeline, r), "params": _named_params(r)} for r in rows]
     return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri))
+
+
+def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The pipeline's ``frontiers:``: which methods sit on each metric pair's frontier, all trials pooled (nothing when it has none)."""
+    from paretolab.frontier import frontier_lines
+    from paretolab.plugin_manager import registries
+
+    pairs = pipeline.get("frontiers") or []
+    metrics = registries().metrics
+    directions = {m: metrics.get(m).direction for pair in pairs for m in pair if m in metrics}
+    usable = [pair for pair in pairs if all(m in directions for m in pair)]
+    return frontier_lines(usable, [{**r, "label": _choice_label(pipeline, r)} for r in rows], directions)
 
 
 def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
@@ -381,7 +395,7 @@ def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
                 noisy = True
         if r.get("run_params", {}).get(ENERGY_SOURCE) == "estimate":
             for column in columns:
-                if (column == "energy_j" or column.startswith("stage_energy_j.")) and isinstance(r.get(column), float):
+                if is_energy_metric(column) and isinstance(r.get(column), float):
                     r[column] = f"≈{_cell(r[column])}"
                     estimated = True
     notes = []

@@ -23,7 +23,7 @@ MAX_PIPELINE_NODES = 100_000  # YAML nodes after alias expansion (an alias bomb 
 MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
-HASH_IGNORES_TOP = ("description", "resources", "claim")  # a claim is read by the report, never by a trial
+HASH_IGNORES_TOP = ("description", "resources", "claim", "frontiers")  # a claim and frontiers are read by the report, never by a trial
 HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s")
 
 
@@ -122,7 +122,7 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
-TOP_KEYS = ("name", "model", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim")
+TOP_KEYS = ("name", "model", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "frontiers")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -236,6 +236,9 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     resources = _parse_resources(raw.get("resources") or {})
     _check_objectives_produced(objectives, task, measures, stages, resources, regs)
     claim = parse_claim(raw.get("claim"), stages, regs)
+    from paretolab.frontier import parse_frontiers
+
+    parse_frontiers(raw.get("frontiers"), regs)  # the report prints them; refuse a typo now
     return StudySpec(
         name=name,
         model=model,

@@ -48,6 +48,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             device=base.device,
             deadline=time.time() + settings.timeout_s if settings.timeout_s > 0 else None,
         )
+        ctx.stage_s, ctx.stage_energy_j = result.stage_s, meter.joules  # live: measures read the stages finished before them
         try:
             with sampler, torch.random.fork_rng(devices=[]):
                 torch.manual_seed(ctx.seed)

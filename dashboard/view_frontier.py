@@ -104,7 +104,9 @@ def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:
     if weights:
         parts.append(f"base weights: {', '.join(weights)}")
     sources = frame.get("paretolab.energy_source", pd.Series(dtype=object))
-    if any(m == "energy_j" or m.startswith("stage_energy_j.") for m in shown) and (sources == "estimate").any():
+    from paretolab.energy import is_energy_metric
+
+    if any(is_energy_metric(m) for m in shown) and (sources == "estimate").any():
         parts.append("energy is an estimate (CPU seconds × watts per core: no NVML or RAPL reading) for "
                      f"{int((sources == 'estimate').sum())} trial(s)")
     if parts:

@@ -29,11 +29,11 @@ class Shape:
     intermediate: int  # SwiGLU inner width
     kv_heads: int | None = None  # None: as many as heads (multi-head attention)
 
-    def config(self, tokenizer: object) -> object:
+    def config(self, tokenizer: object, vocab_size: int = VOCAB_SIZE) -> object:
         from transformers import LlamaConfig
 
         config = LlamaConfig(
-            vocab_size=VOCAB_SIZE,
+            vocab_size=vocab_size,
             hidden_size=self.hidden,
             intermediate_size=self.intermediate,
             num_hidden_layers=self.layers,
@@ -94,8 +94,57 @@ PRESETS: dict[str, tuple[Shape, int, str]] = {
 }
 
 
+class SmolVocabScratch(ScratchModel):
+    """A random-init Llama on SmolLM2-135M's tokenizer (49,152 tokens), so that a SmolLM2 teacher's logits index the student's vocabulary.
+
+    With so large a vocabulary the tied embedding dominates a small model: scratch-smol is scratch-1m's
+    body (0.53 M parameters) under a 6.29 M-parameter embedding, and its LM head costs more per token than its layers.
+    """
+
+    def __init__(self, name: str, shape: Shape, params: int, note: str = "", *, seed: int = 0) -> None:
+        super().__init__(name, shape, params, note, seed=seed)
+        s = shape
+        self.description = (
+            f"{params:,} parameters: random-init Llama ({s.layers} layers, hidden {s.hidden}, {s.heads} heads, SwiGLU {s.intermediate}, "
+            f"tied embeddings) on SmolLM2-135M's tokenizer (vocab {SMOL_VOCAB_SIZE:,}; the embedding is {SMOL_VOCAB_SIZE * s.hidden:,} of the "
+            f"parameters), seeded {seed}, fp32{note}"
+        )
+
+    def _teacher(self) -> ModelSource:
+        from paretolab.models import SmolLM2
+
+        return SmolLM2()
+
+    def is_cached(self) -> bool:
+        return self._teacher().is_cached()
+
+    def check(self) -> None:
+        self._teacher().check()
+
+    def pull(self) -> str:
+        return self._teacher().pull()
+
+    def load(self) -> Subject:
+        from transformers import AutoTokenizer, LlamaForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(self.pull())
+        with _seeded(self.seed):
+            model = LlamaForCausalLM(self.shape.config(tokenizer, vocab_size=len(tokenizer)))
+        model.eval()
+        return Subject(model=model, tokenizer=tokenizer, model_name=self.name)
+
+
+SMOL_VOCAB_SIZE = 49_152
+# name -> (shape, exact parameter count with tied embeddings, note): students of a SmolLM2-135M teacher
+SMOL_PRESETS: dict[str, tuple[Shape, int, str]] = {
+    "scratch-smol": (Shape(hidden=128, layers=3, heads=4, intermediate=288), 6_820_736, "; a distillation student of smollm2-135m"),
+}
+
+
 def presets() -> list[ScratchModel]:
-    return [ScratchModel(name, shape, params, note) for name, (shape, params, note) in PRESETS.items()]
+    return [ScratchModel(name, shape, params, note) for name, (shape, params, note) in PRESETS.items()] + [
+        SmolVocabScratch(name, shape, params, note) for name, (shape, params, note) in SMOL_PRESETS.items()
+    ]
 
 
 @hookimpl

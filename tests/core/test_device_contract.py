@@ -37,6 +37,7 @@ MEASURES: dict[str, dict[str, Any]] = {
     "kv_cache": {"tokens": 8},
     "early_exit": {"max_tokens": 128, "seq_len": 64, "draft_k": 2, "prompts": 1, "prompt_tokens": 8, "new_tokens": 4},
     "forgetting": {"corpus": "pydoc", "max_tokens": 128, "seq_len": 64, "task_tokens": 128, "mc_limit": 0, "acc_problems": 1, "acc_new_tokens": 2},
+    "stage_energy": {},
     "ffn_sparsity": {"max_tokens": 128, "seq_len": 64, "prompt_tokens": 8, "new_tokens": 2, "repeats": 1, "max_repeats": 1},
 }
 

@@ -131,3 +131,27 @@ def test_a_training_study_labels_its_untreated_trials_none_so_they_are_the_basel
     assert [r["method"] for r in report._without_common_training(rows)] == ["bhyt", "none", "dyt"]
     mixed = [{"method": "wanda+train"}, {"method": "wanda"}]  # not every trial trained: labels stay as they are
     assert [r["method"] for r in report._without_common_training(mixed)] == ["wanda+train", "wanda"]
+
+
+def test_report_prints_the_pipelines_frontiers_and_marks_stage_energies_estimated(tmp_path, monkeypatch):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="distill", storage=storage, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["val_bpb", "minimize"], ["pipeline_energy_j", "minimize"]])
+    study.set_user_attr("model", "scratch-smol")
+    study.set_user_attr("pipeline", {"task": {"name": "perplexity"}, "frontiers": [["val_bpb", "student_side_energy_j"], ["val_bpb", "pipeline_energy_j"]],
+                                     "stages": [{"id": "teacher", "choice": [{"method": "distill_kd"}, {"method": "none"}]}, {"method": "train"}]})
+    stores = Stores(storage, f"sqlite:///{tmp_path / 'mlflow.db'}", None)
+    estimate = {"info.energy_source": "estimate"}
+    rows = [
+        {"trial": 0, "method": "distill_kd", "params": {"teacher.method": "distill_kd"}, "run_params": {**estimate, "teacher.method": "distill_kd"},
+         "simulated_by": "", "val_bpb": 3.0, "student_side_energy_j": 100.0, "pipeline_energy_j": 900.0, "teacher_j_per_token": 0.5},
+        {"trial": 1, "method": "none", "params": {"teacher.method": "none"}, "run_params": {**estimate, "teacher.method": "none"},
+         "simulated_by": "", "val_bpb": 3.2, "student_side_energy_j": 100.0, "pipeline_energy_j": 100.0, "teacher_j_per_token": 0.0},
+    ]
+    monkeypatch.setattr(report, "trial_table", lambda name, s: ([("val_bpb", "minimize"), ("pipeline_energy_j", "minimize")], rows))
+    text = report.study_section("distill", stores, ["student_side_energy_j", "teacher_j_per_token"], frontier=False)
+    assert "- `val_bpb` vs `student_side_energy_j` (2 trials): distill_kd (trial 0)" in text
+    assert "- `val_bpb` vs `pipeline_energy_j` (2 trials): distill_kd (trial 0); none (trial 1)" in text
+    assert "**Frontier outcome:** the methods on the frontier differ: {distill_kd} → {distill_kd, none}." in text
+    kd = next(line for line in text.splitlines() if line.startswith("| distill_kd"))
+    assert "≈900" in kd and "≈100" in kd and "≈0.5" in kd  # every joule column of an estimated trial is marked

@@ -26,6 +26,10 @@ CHEAP: dict[str, dict[str, Any]] = {
     "kalman_attention": {"chunk": 4},
     "gla": {"chunk": 4},
     "rtn": {"group_size": 32},
+    # the tiny model is its own teacher (same tokenizer); a few windows of the repository's README
+    "distill_kd": {"teacher": "tiny-llama", "tokens": 64, "seq_len": 16, "batch": 2, "top_k": 4, "corpus": str(Path(__file__).parents[2] / "README.md")},
+    "distill_sft": {"teacher": "tiny-llama", "tokens": 48, "seq_len": 16, "batch": 2, "prompt_tokens": 4, "new_tokens": 8,
+                    "corpus": str(Path(__file__).parents[2] / "README.md")},
     "absmean_ternary": {"group_size": 32},
     # a few steps on a small text that is not the task's pydoc corpus
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},

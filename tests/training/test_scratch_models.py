@@ -48,3 +48,17 @@ def test_perplexity_on_the_held_out_split(tmp_path):
     ctx = TrialContext(seed=0, workdir=tmp_path, task={"name": "perplexity", "corpus": "pystdlib-val"}, cpus=1)
     metrics = Perplexity().evaluate(subject, PerplexityOptions(corpus="pystdlib-val", max_tokens=256, context=128, stride=128), ctx)
     assert 2000 < metrics["ppl"] < 8000  # random init: about the vocabulary size
+
+
+@pytest.mark.slow  # loads SmolLM2-135M
+def test_smol_student_shares_smollm2s_tokenizer_and_its_embedding_dominates():
+    from paretolab.training.batches import tokenizer_fingerprint
+    from paretolab.training.models import SMOL_PRESETS, SMOL_VOCAB_SIZE
+
+    student = registries().models.get("scratch-smol").load()
+    teacher = registries().models.get("smollm2-135m").load()
+    count = sum(t.numel() for _, t in unique_parameters(student.model))
+    assert count == SMOL_PRESETS["scratch-smol"][1]
+    assert student.model.config.vocab_size == teacher.model.config.vocab_size == SMOL_VOCAB_SIZE
+    assert tokenizer_fingerprint(student.tokenizer) == tokenizer_fingerprint(teacher.tokenizer)  # KD logits index the same ids
+    assert SMOL_VOCAB_SIZE * student.model.config.hidden_size / count > 0.9  # the tied embedding is over 90 % of the student
