@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,13 @@ TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_
 results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
+
+MOE := moe_rfid moe_puzzle moe_puzzle_average
+MOE_METRICS := ppl,expert_bytes,expert_mem_frac,size_bytes
+results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression pipelines and write pipelines/MOE.md
+	$(BIN)/paretolab models pull tiny-moe
+	for p in $(MOE); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(MOE) --trials all --metrics $(MOE_METRICS) --output pipelines/MOE.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info

@@ -40,7 +40,9 @@ PYSTDLIB_SHA256: dict[str, dict[str, str]] = {
 PYSTDLIB_CORPORA = ("pystdlib-train", "pystdlib-val")
 # Synthetic corpora, generated (seeded) by the module named: its corpus_text(name) returns the text.
 SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.assoc_recall", "assoc-recall-val": "paretolab.tasks.assoc_recall",
-                                     "arith-train": "paretolab.tasks.arith_corpus", "arith-val": "paretolab.tasks.arith_corpus"}
+                                     "arith-train": "paretolab.tasks.arith_corpus", "arith-val": "paretolab.tasks.arith_corpus",
+                                     "moe-mix-train": "paretolab.plugins.moe.corpus", "moe-mix-val": "paretolab.plugins.moe.corpus",
+                                     "moe-mix-calib": "paretolab.plugins.moe.corpus"}
 BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA, *SYNTHETIC_CORPORA)  # built here: no data dir or network needed
 PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
 # Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the

@@ -50,6 +50,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.layer_dropout",
     "paretolab.plugins.mup_upscale",
     "paretolab.plugins.norms",
+    "paretolab.plugins.moe",
     "paretolab.plugins.kv_sharing",
     "paretolab.plugins.linear_attention",
     "paretolab.plugins.prac",

@@ -30,6 +30,8 @@ CHEAP: dict[str, dict[str, Any]] = {
     "distill_kd": {"teacher": "tiny-llama", "tokens": 64, "seq_len": 16, "batch": 2, "top_k": 4, "corpus": str(Path(__file__).parents[2] / "README.md")},
     "distill_sft": {"teacher": "tiny-llama", "tokens": 48, "seq_len": 16, "batch": 2, "prompt_tokens": 4, "new_tokens": 8,
                     "corpus": str(Path(__file__).parents[2] / "README.md")},
+    **{name: {"calib_corpus": "pydoc", "calib_samples": 2, "calib_seq_len": 32}
+       for name in ("rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe")},
     "absmean_ternary": {"group_size": 32},
     # a few steps on a small text that is not the task's pydoc corpus
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
@@ -40,6 +42,8 @@ CHEAP: dict[str, dict[str, Any]] = {
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("cat-hadamard", "cat", {**CHEAP["cat"], "transform": "hadamard"}),
 ]
+# methods that need an MoE model run on a random micro MoE (paretolab.plugins.moe.testbed.micro_moe) instead of tiny-llama
+MOE_METHODS = frozenset({"rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe"})
 # tokenizer methods make no model tensors and need a real BPE tokenizer (incremental_bpe's own tests use SmolLM2's)
 NO_MODEL_TENSORS = {"incremental_bpe"}
 
@@ -56,4 +60,8 @@ def _cases() -> list[Any]:
 @pytest.mark.parametrize(("method_name", "params"), _cases())
 def test_method_makes_tensors_on_the_model_device(method_name: str, params: dict[str, Any], tiny) -> None:
     method = registries().methods.get(method_name)
+    if method_name in MOE_METHODS:
+        from paretolab.plugins.moe.testbed import micro_moe
+
+        tiny = micro_moe()
     check_tensor_devices(method, tiny, {**method.defaults(), **params})
