@@ -19,8 +19,9 @@ Only the paper's abstract could be read here (its body and code were not found):
 formula, so the paper's own score (and its head-diversity signal and re-alignment fine-tune) is
 not implemented; whether it differs from block influence is unknown.
 
-``random`` draws the k layers from the trial seed plus ``seed`` (so one study can hold several
-random draws at the same k).
+``random`` draws the k layers from the trial seed (the study seed plus the trial number) plus
+``seed``; ``seed`` is mostly a grid label, so a study can hold several draws of each arm at one k
+(the calibration sample comes from the trial seed too).
 
 The layers are really removed from ``model.model.layers`` (``cost_is`` real: fewer layers run);
 each remaining attention's ``layer_idx`` is renumbered so the KV cache still works, the config's
@@ -153,7 +154,7 @@ class LayerDrop(Method):
     cost_is = "real"
 
     def search_space(self) -> dict[str, Any]:
-        return {"k": IntDistribution(0, 16), "score": CategoricalDistribution(list(SCORES))}
+        return {"k": IntDistribution(0, 29), "score": CategoricalDistribution(list(SCORES))}  # up to keeping one of SmolLM2's 30 layers
 
     def defaults(self) -> dict[str, Any]:
         return {"k": 4, "score": "greedy_bi", "seed": 0, **CALIB_DEFAULTS}
