@@ -11,7 +11,9 @@ every choice picked ``none``); fixed stages such as ``train`` are in every trial
 named. A label may end in ``[param=value, ...]`` to take only the trials whose methods ran with those
 values, so a baseline that is a parameter of the method can be named: ``tetrajet[recipe=naive]``. A method trial and a baseline trial are a *pair* when they have the same ``pair_by``
 value and the same value of every other parameter that belongs to neither side's methods
-(e.g. ``train.lr``, ``train.tokens``). The verdict is on the paired differences
+(e.g. ``train.lr``, ``train.tokens``); when both sides are the same methods told apart by brackets,
+also of those methods' parameters that no bracket names (``layerdrop[score=greedy_bi]`` vs
+``layerdrop[score=random]`` pair at the same ``k``). The verdict is on the paired differences
 ``metric(method) - metric(baseline)``: their mean and a 95 % Student-t interval over the pairs
 (a t interval rather than a bootstrap: studies pair over a handful of seeds, where a bootstrap's
 percentiles are degenerate). *held* when the interval lies on the expected side of 0, *did not
@@ -204,7 +206,11 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
     with more than one trial on a side (e.g. a baseline searched over its own parameter while
     the method is not) cannot be paired unambiguously and is counted, not guessed.
     """
-    own = {*split_label(claim.method)[0].split("+"), *split_label(claim.baseline)[0].split("+")}
+    (method_base, method_wanted), (baseline_base, baseline_wanted) = split_label(claim.method), split_label(claim.baseline)
+    own = {*method_base.split("+"), *baseline_base.split("+")}
+    # Both sides the same methods, told apart by brackets (layerdrop[score=greedy_bi] vs [score=random]):
+    # their other parameters (layerdrop.k) must match too, or every k would pile onto one key.
+    bracketed = {*method_wanted, *baseline_wanted} if method_base == baseline_base else None
 
     def is_pair_by(name: str) -> bool:
         parts = name.split(".")
@@ -226,7 +232,10 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
         by = tuple(v for k, v in sorted(params.items()) if k in common)  # one value per stage that has it (train → … → train)
         if not by:
             return None
-        shared = sorted((k, repr(v)) for k, v in params.items() if not is_pair_by(k) and _method_of(k) not in own)
+        shared = sorted(
+            (k, repr(v)) for k, v in params.items()
+            if not is_pair_by(k) and (_method_of(k) not in own or (bracketed is not None and k.split(".")[-1] not in bracketed))
+        )
         return (repr(by), *shared)
 
     sides: dict[str, dict[tuple[Any, ...], list[dict[str, Any]]]] = {"method": {}, "baseline": {}}

@@ -12,7 +12,9 @@ logit lens instead (h_1..h_L straight into norm + head).
 Ours: a fixed token budget (the first ``max_tokens`` tokens of ``corpus``, in windows of
 ``seq_len``); the fit is a grid over CE∞ in [0, min CE) with, for each candidate, a least-squares
 line through (log l, log(CE(l) − CE∞)) over layers l ≥ ``fit_from_layer``; the candidate with the
-smallest squared log residual wins (no scipy needed). Reports ``depth_alpha`` and ``depth_ce_inf``;
+smallest squared log residual wins (no scipy needed). Reports ``depth_alpha``, ``depth_ce_inf`` and
+``depth_fit_r2`` (R² of that log-log line: the fit quality; with CE∞ free, a handful of depths fit
+almost any decreasing curve, so read α beside R² and the number of layers);
 the curve and the fit go to the artifact ``depth_probe.json``.
 """
 
@@ -62,7 +64,8 @@ def fit_inverse_depth(ce: list[float], *, fit_from_layer: int = 1, grid: int = 4
         intercept = float(ym - slope * xm)
         sse = float((y - (intercept + slope * x)).pow(2).sum())
         if sse < best["sse"]:
-            best = {"sse": sse, "alpha": -slope, "ce_inf": ce_inf, "amplitude": math.exp(intercept)}
+            sst = float((y - ym).pow(2).sum())
+            best = {"sse": sse, "alpha": -slope, "ce_inf": ce_inf, "amplitude": math.exp(intercept), "r2": 1 - sse / sst if sst > 0 else 1.0}
     return best
 
 
@@ -70,7 +73,7 @@ class DepthProbe(Measure):
     """Per-layer CE of intermediate hidden states on a fixed token budget, fitted by CE∞ + A·l^−α."""
 
     name = "depth_probe"
-    metrics = ("depth_alpha", "depth_ce_inf")
+    metrics = ("depth_alpha", "depth_ce_inf", "depth_fit_r2")
     options = DepthProbeOptions
     default = False
 
@@ -80,7 +83,7 @@ class DepthProbe(Measure):
         ce = layer_cross_entropy(subject, options)
         fit = fit_inverse_depth(ce, fit_from_layer=options.fit_from_layer)
         ctx.add_artifact("depth_probe.json", json.dumps({"ce": ce, "fit": fit, "options": dataclasses.asdict(options)}, indent=1))
-        return {"depth_alpha": fit["alpha"], "depth_ce_inf": fit["ce_inf"]}
+        return {"depth_alpha": fit["alpha"], "depth_ce_inf": fit["ce_inf"], "depth_fit_r2": fit["r2"]}
 
 
 def layer_cross_entropy(subject: Subject, options: DepthProbeOptions) -> list[float]:
@@ -135,4 +138,5 @@ def register_measures(register: Callable[[Measure], None]) -> None:
 @hookimpl
 def register_metrics(register: Callable[[Metric], None]) -> None:
     register(Metric("depth_alpha", "", "maximize", "exponent α of the fit CE(l) − CE∞ ∝ l^−α over probed depths (descriptive; the claim is α ≈ 1)"))
+    register(Metric("depth_fit_r2", "", "maximize", "R² of the depth probe's log-log fit log(CE(l) − CE∞) = log A − α·log l (fit quality of depth_alpha)"))
     register(Metric("depth_ce_inf", "nats/token", "minimize", "fitted infinite-depth cross-entropy CE∞ of the depth probe"))

@@ -1,17 +1,27 @@
-"""Layer dropping by representation shift (few-layer dominance), with random and ShortGPT baselines.
+"""Layer dropping by greedy block influence (our reading of few-layer dominance), with random and ShortGPT baselines.
 
 Qiu, Tong, Sun, Ma, Shen, "The Few Govern the Many: Unveiling Few-Layer Dominance for Time Series
 Models", arXiv 2511.07237 (no code found; a time-series paper, applied here to a language model).
 Baselines: random layers; ShortGPT's block influence (Men et al., "ShortGPT: Layers in Large
 Language Models are More Redundant Than You Expect", arXiv 2403.03853).
 
-The paper's: score layers on calibration data by how much they change the representation,
-1 − cos(h_{l−1}, h_l), keep the dominant (high-shift) layers. ShortGPT's block influence is the
+The paper's claim: keeping ~21–30% of the layers, chosen by its score, keeps most quality. Its
+score as our method catalog summarises it (not checked against the paper's text): how much a
+layer changes the representation, 1 − cos(h_{l−1}, h_l), keeping the dominant (high-shift) layers.
+ShortGPT's block influence is the
 same quantity, BI_l = 1 − E_tokens cos(h_{l−1}, h_l), computed once on the full model, dropping
-the k lowest. On a pre-norm residual stream the two scores coincide, so to keep the comparison
-meaningful our ``shift`` is *iterative* (ours): drop the lowest-shift layer, re-measure the shifts
-on the pruned model, repeat k times — the later layers' shifts change once a layer is gone. The
-paper's head-diversity signal and its optional re-alignment fine-tune are not implemented.
+the k lowest (``block_influence``). On a pre-norm residual stream the two scores coincide, so to
+keep the comparison meaningful our ``greedy_bi`` is *iterative* block influence (ours): drop the
+lowest-BI layer, re-measure BI on the pruned model, repeat k times — the later layers' scores
+change once a layer is gone. It was called ``shift`` before (issue 20 renamed it for what it is);
+``shift`` is still accepted as an alias so the stored studies that used it resume and read.
+Only the paper's abstract could be read here (its body and code were not found): it names no
+formula, so the paper's own score (and its head-diversity signal and re-alignment fine-tune) is
+not implemented; whether it differs from block influence is unknown.
+
+``random`` draws the k layers from the trial seed (the study seed plus the trial number) plus
+``seed``; ``seed`` is mostly a grid label, so a study can hold several draws of each arm at one k
+(the calibration sample comes from the trial seed too).
 
 The layers are really removed from ``model.model.layers`` (``cost_is`` real: fewer layers run);
 each remaining attention's ``layer_idx`` is renumbered so the KV cache still works, the config's
@@ -35,7 +45,8 @@ from paretolab.errors import ConfigError
 from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers, run_model
 from paretolab.subject import Subject
 
-SCORES = ("shift", "random", "block_influence")
+SCORES = ("greedy_bi", "random", "block_influence")
+ALIASES = {"shift": "greedy_bi"}  # the old name of greedy_bi, kept so stored studies resume
 PAPER = Paper("The Few Govern the Many: Unveiling Few-Layer Dominance for Time Series Models", "arXiv 2025", "https://arxiv.org/abs/2511.07237")
 
 
@@ -71,7 +82,7 @@ def layers_to_drop(model: torch.nn.Module, ids: torch.Tensor, k: int, score: str
         return sorted(torch.randperm(n, generator=generator, device="cpu")[:k].tolist())
     if score == "block_influence":
         return sorted(torch.argsort(representation_shift(model, ids))[:k].tolist())
-    # shift: greedy, re-measured on a pruned copy after each removal
+    # greedy_bi: block influence re-measured on a pruned copy after each removal
     work = copy.deepcopy(model)
     alive = list(range(n))
     dropped: list[int] = []
@@ -135,7 +146,7 @@ def _rename_storage(subject: Subject, kept: list[int]) -> None:
 
 
 class LayerDrop(Method):
-    """Remove ``k`` whole decoder layers chosen by representation shift, at random, or by block influence."""
+    """Remove ``k`` whole decoder layers chosen by greedy block influence, one-shot block influence, or at random."""
 
     name = "layerdrop"
     kind = "weights"
@@ -143,14 +154,14 @@ class LayerDrop(Method):
     cost_is = "real"
 
     def search_space(self) -> dict[str, Any]:
-        return {"k": IntDistribution(0, 16), "score": CategoricalDistribution(list(SCORES))}
+        return {"k": IntDistribution(0, 29), "score": CategoricalDistribution(list(SCORES))}  # up to keeping one of SmolLM2's 30 layers
 
     def defaults(self) -> dict[str, Any]:
-        return {"k": 4, "score": "shift", **CALIB_DEFAULTS}
+        return {"k": 4, "score": "greedy_bi", "seed": 0, **CALIB_DEFAULTS}
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
-        k, score = int(p["k"]), str(p["score"])
+        k, score = int(p["k"]), ALIASES.get(str(p["score"]), str(p["score"]))
         if score not in SCORES:
             raise ConfigError(f"layerdrop.score must be one of {', '.join(SCORES)}; got {score!r}")
         n = len(decoder_layers(subject.model))
@@ -159,7 +170,7 @@ class LayerDrop(Method):
         if k == 0:
             return subject
         ids = calibration_ids(subject, ctx, p, method=self.name) if score != "random" else None
-        drop = layers_to_drop(subject.model, ids, k, score, ctx.generator(offset=53))  # type: ignore[arg-type]
+        drop = layers_to_drop(subject.model, ids, k, score, ctx.generator(offset=53 + 7919 * int(p["seed"])))  # type: ignore[arg-type]
         kept = remove_layers(subject.model, drop)
         _rename_storage(subject, kept)
         subject.info["layerdrop"] = {"score": score, "dropped": drop, "kept": kept}

@@ -243,6 +243,22 @@ def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
     assert pair_trials(unqualified, trials) == ([], 2)  # two tetrajet trials per seed: ambiguous, not guessed
 
 
+def test_same_method_on_both_sides_also_pairs_on_its_parameters_no_bracket_names():
+    """layerdrop[score=greedy_bi] vs layerdrop[score=random] over k and seed: pairs at the same k and seed."""
+    from paretolab.claims import Claim, pair_trials
+
+    def trial(n, score, k, seed):
+        return {"trial": n, "label": "layerdrop", "ppl": 50.0, "params": {f"stage0.layerdrop.{p}": v for p, v in (("score", score), ("k", k), ("seed", seed))}}
+
+    trials = [trial(i, score, k, seed) for i, (score, k, seed) in enumerate(
+        (s, k, seed) for k in (21, 23) for seed in (0, 1) for s in ("greedy_bi", "random"))]
+    claim = Claim("t", "ppl", "layerdrop[score=greedy_bi]", "layerdrop[score=random]", "lower", "seed")
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert ambiguous == 0
+    assert sorted((m["params"]["stage0.layerdrop.k"], m["params"]["stage0.layerdrop.seed"], m["trial"] + 1 == b["trial"]) for m, b in pairs) == [
+        (21, 0, True), (21, 1, True), (23, 0, True), (23, 1, True)]
+
+
 @pytest.mark.parametrize("label, message", [
     ("magnitude[sparsity=0.5", "claim.method: 'magnitude[sparsity=0.5' opens '[' without closing it"),
     ("magnitude[sparsity]", "claim.method: 'sparsity' in 'magnitude[sparsity]' is not param=value"),

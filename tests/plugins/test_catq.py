@@ -34,7 +34,7 @@ def test_catq_weights_are_ternary_per_group_at_2_125_bits(tiny: Subject, ctx: Tr
     for _, layer in linear_weights(subject.model):
         assert_ternary_per_group(layer.weight)
     assert method.evaluate(subject, ctx)["bits_per_weight"] == pytest.approx(TERNARY_BITS)
-    assert len(subject.info["catq"]["layer_mse"]) == 2
+    assert len(subject.info["catq"]["window_mse"]) == 2
 
 
 def test_absmean_baseline_is_ternary_at_the_same_bits(tiny: Subject, ctx: TrialContext) -> None:
@@ -89,7 +89,20 @@ def test_gradients_reach_the_modulation_params() -> None:
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in (m, a, r))
 
 
-@pytest.mark.parametrize("bad", [{"steps": 0}, {"group_size": 1}, {"group_size": 96}])
+def test_sliding_window_with_lora_and_huber_stays_ternary_and_fits(ctx: TrialContext) -> None:
+    from paretolab.models import TinyLlama
+
+    tiny4 = TinyLlama(layers=4).load()
+    recipe = {**SMALL, "steps": 16, "window": 2, "stride": 1, "loss": "huber", "lora_rank": 4, "lora_alpha": 4.0, "lora_lr": 1e-3, "grad_clip": 1.0}
+    subject = CATQ().transform(tiny4.copy(), recipe, ctx)
+    for _, layer in linear_weights(subject.model):
+        assert_ternary_per_group(layer.weight)  # the LoRA is merged before ternarization: storage unchanged
+    windows = subject.info["catq"]["window_mse"]
+    assert [w["blocks"] for w in windows] == [[0, 2], [1, 3], [2, 4]]
+    assert all(w["mse"] < w["mse_init"] for w in windows)
+
+
+@pytest.mark.parametrize("bad", [{"steps": 0}, {"group_size": 1}, {"group_size": 96}, {"window": 2, "stride": 3}, {"loss": "l1"}, {"lora_rank": -1}])
 def test_bad_params_raise_config_errors(tiny: Subject, ctx: TrialContext, bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         CATQ().transform(tiny.copy(), {**SMALL, **bad}, ctx)

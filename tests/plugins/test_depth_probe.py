@@ -24,7 +24,7 @@ def tiny4() -> Subject:
 
 def test_measure_reports_finite_fit_and_writes_a_curve_per_layer(tiny4: Subject, ctx: TrialContext) -> None:
     metrics = DepthProbe().measure(tiny4, {"max_tokens": 256, "seq_len": 128}, ctx)
-    assert set(metrics) == {"depth_alpha", "depth_ce_inf"}
+    assert set(metrics) == {"depth_alpha", "depth_ce_inf", "depth_fit_r2"}
     assert all(math.isfinite(v) for v in metrics.values())
     artifact = json.loads((ctx.workdir / "depth_probe.json").read_text())
     assert len(artifact["ce"]) == 4
@@ -48,6 +48,13 @@ def test_fit_recovers_a_known_power_law() -> None:
     assert fit["ce_inf"] == pytest.approx(2.5, abs=0.05)
     steeper = fit_inverse_depth([1.0 + 2.0 * depth**-2.0 for depth in range(1, 31)], fit_from_layer=2)
     assert steeper["alpha"] == pytest.approx(2.0, abs=0.1)
+    assert fit["r2"] > 0.999
+
+
+def test_fit_quality_is_low_for_a_curve_that_is_no_power_law() -> None:
+    zigzag = [3.0 + (0.5 if depth % 2 else 0.0) + 0.01 * (30 - depth) for depth in range(1, 31)]
+    fit = fit_inverse_depth(zigzag)
+    assert fit["r2"] < 0.9
 
 
 def test_options_are_checked(tiny4: Subject, ctx: TrialContext) -> None:
@@ -64,4 +71,4 @@ def test_registers_the_measure_and_its_metrics() -> None:
     depth_probe.register_measures(measures.append)
     depth_probe.register_metrics(metrics.append)
     assert measures[0].name == "depth_probe" and not measures[0].default
-    assert set(measures[0].metrics) == {m.name for m in metrics} == {"depth_alpha", "depth_ce_inf"}
+    assert set(measures[0].metrics) == {m.name for m in metrics} == {"depth_alpha", "depth_ce_inf", "depth_fit_r2"}

@@ -37,7 +37,7 @@ def test_removes_exactly_k_layers_and_renumbers_them(tiny6: Subject, ctx: TrialC
     assert sum(p.numel() for p in model.parameters()) == before - 2 * per_layer
 
 
-@pytest.mark.parametrize("score", ["shift", "block_influence"])
+@pytest.mark.parametrize("score", ["greedy_bi", "block_influence"])
 def test_pruned_model_generates_with_the_kv_cache(tiny6: Subject, ctx: TrialContext, score: str) -> None:
     model = LayerDrop().transform(tiny6.copy(), {"k": 3, "score": score, **SMALL}, ctx).model
     prompt = torch.randint(0, 250, (1, 10), generator=torch.Generator().manual_seed(5))
@@ -72,10 +72,10 @@ def test_block_influence_drops_the_lowest_shift_layers(tiny6: Subject, ctx: Tria
     assert subject.info["layerdrop"]["dropped"] == sorted(torch.argsort(shifts)[:2].tolist())
 
 
-def test_greedy_shift_starts_with_the_lowest_shift_layer(tiny6: Subject, ctx: TrialContext) -> None:
+def test_greedy_bi_starts_with_the_lowest_block_influence_layer(tiny6: Subject, ctx: TrialContext) -> None:
     ids = ctx.calibration_ids(tiny6.tokenizer, n_samples=4, seq_len=48)
     lowest = int(torch.argmin(representation_shift(tiny6.model, ids)))
-    subject = LayerDrop().transform(tiny6.copy(), {"k": 1, "score": "shift", **SMALL}, ctx)
+    subject = LayerDrop().transform(tiny6.copy(), {"k": 1, "score": "greedy_bi", **SMALL}, ctx)
     assert subject.info["layerdrop"]["dropped"] == [lowest]
 
 
@@ -109,3 +109,20 @@ def test_registers_a_real_cost_method() -> None:
     layerdrop.register_methods(methods.append)
     validate_method(methods[0], "test")
     assert methods[0].cost_is == "real"  # type: ignore[attr-defined]
+
+
+def test_shift_is_the_old_name_of_greedy_bi(tiny6: Subject, ctx: TrialContext) -> None:
+    old = LayerDrop().transform(tiny6.copy(), {"k": 2, "score": "shift", **SMALL}, ctx).info["layerdrop"]
+    new = LayerDrop().transform(tiny6.copy(), {"k": 2, "score": "greedy_bi", **SMALL}, ctx).info["layerdrop"]
+    assert old == new and new["score"] == "greedy_bi"
+
+
+def test_random_seed_param_gives_another_draw_and_seed_0_the_old_one(tiny6: Subject, tmp_path: Path) -> None:
+    ctx = TrialContext(seed=0, workdir=tmp_path)
+
+    def dropped(seed: int) -> list[int]:
+        return LayerDrop().transform(tiny6.copy(), {"k": 3, "score": "random", "seed": seed}, ctx).info["layerdrop"]["dropped"]
+
+    old = sorted(torch.randperm(6, generator=ctx.generator(offset=53))[:3].tolist())
+    assert dropped(0) == old
+    assert any(dropped(s) != old for s in (1, 2, 3))

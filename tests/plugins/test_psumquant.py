@@ -41,7 +41,7 @@ def test_tile_psums_add_up_to_the_matmul_with_a_short_last_tile() -> None:
     assert torch.allclose(log_rms[:, 2].exp(), x[:, 256:].pow(2).mean(-1).sqrt())
 
 
-@pytest.mark.parametrize("mode", ["crest", "fixed"])
+@pytest.mark.parametrize("mode", ["crest", "tile", "fixed"])
 def test_16_bit_psums_are_almost_exact(tiny: Subject, ctx: TrialContext, mode: str) -> None:
     prompt = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(3))
     method = PsumQuant()
@@ -62,6 +62,18 @@ def test_crest_predictor_beats_a_fixed_scale_at_low_bits() -> None:
         crest = fit_psum_linear(linear, fit_x, bits=bits, tile=128, mode="crest")
         fixed = fit_psum_linear(linear, fit_x, bits=bits, tile=128, mode="fixed")
         assert rel_error(crest, linear, test_x) <= rel_error(fixed, linear, test_x)
+
+
+def test_tile_scale_is_static_per_tile_and_tracks_each_tiles_range() -> None:
+    gen = torch.Generator().manual_seed(2)
+    linear = torch.nn.Linear(384, 16, bias=False)
+    x = torch.randn(400, 384, generator=gen) * torch.tensor([1.0, 10.0, 0.1]).repeat_interleave(128)  # tiles of very different size
+    tile = fit_psum_linear(linear, x, bits=6, tile=128, mode="tile")
+    ranges = tile.log_ranges(x[:5])
+    assert ranges.shape == (1, 3)  # one range per tile position, the same for every token
+    assert ranges[0, 1] > ranges[0, 0] > ranges[0, 2]
+    fixed = fit_psum_linear(linear, x, bits=6, tile=128, mode="fixed")
+    assert rel_error(tile, linear, x) < rel_error(fixed, linear, x)
 
 
 def test_more_psum_bits_means_less_error() -> None:
