@@ -55,7 +55,7 @@ results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding 
 # The training studies (issue 14): small models trained from scratch on the Python standard
 # library corpus, one pipeline per training-time method; each pipeline's `claim:` is checked on
 # seeds paired with its baseline, and pipelines/TRAINING.md is regenerated from the stored studies.
-TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale mup_lr_transfer kalman_attention kalman_recall prac tetrajet l1_sparsity cgls plate distill_energy
+TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale mup_lr_transfer kalman_attention kalman_recall prac tetrajet l1_sparsity cgls distill_energy plate_vs_lora
 TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_s,peak_act_mb,train_mem_mb,train_steps,energy_j,kv_bytes_per_token,hidden_var_growth,hidden_var_last,early_exit_ppl_25,early_exit_ppl_50,early_exit_ppl_75,selfspec_accepted_len,acc,acc_stderr,ffn_zero_frac,sparse_decode_tok_s,dense_decode_tok_s,sparse_decode_speedup,cgls_final_layers,trainable_params,gain_nll,forget_nll,forget_per_gain,mc_drop,mc_n,task_acc,base_task_acc,wiki_ppl,base_wiki_ppl,teacher_energy_j,teacher_s,teacher_tokens,teacher_flops,teacher_j_per_token,student_energy_j,student_s,student_j_per_token,eval_energy_j,eval_s,student_side_energy_j,pipeline_energy_j,teacher_energy_share
 results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
