@@ -57,9 +57,11 @@ def test_stage_energy_and_time_add_up_to_the_trials(tiny: Subject) -> None:
     assert not result.failed, result.traceback
     m, joules = result.metrics, result.stage_energy_j
     assert set(joules) == {"copy", "transform:teacher", "transform:train", "evaluate", "measure"}
-    # the stage windows tile the trial: what falls between them is bookkeeping (under 2 % here)
-    assert sum(joules.values()) == pytest.approx(m["energy_j"], rel=0.02)
-    assert sum(result.stage_s.values()) == pytest.approx(m["trial_s"], rel=0.02)
+    # the stage windows tile the trial: none counted twice (sums never exceed the totals), and what falls between
+    # them is bookkeeping (temporary folder, memory sampler, result assembly): 2 % of the trial, or half a second of wall
+    # time on a loaded machine
+    for total, parts in ((m["energy_j"], joules), (m["trial_s"], result.stage_s)):
+        assert 0 <= total - sum(parts.values()) <= max(0.02 * total, 0.5 if parts is result.stage_s else 0.0)
     # the measure's per-stage numbers are the meter's windows, and its totals their sums
     assert m["teacher_energy_j"] == joules["transform:teacher"] > 0 and m["student_energy_j"] == joules["transform:train"] > 0
     assert m["eval_energy_j"] == joules["evaluate"]
@@ -136,9 +138,11 @@ def test_mismatched_stages_are_refused(tiny: Subject) -> None:
 
 def test_teacher_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
     from paretolab.context import TrialContext
-    from paretolab.training.models import presets
+    import copy
 
-    student = next(s for s in presets() if s.name == "scratch-1m").load()
+    student = TinyLlama().load()
+    student.tokenizer = copy.deepcopy(student.tokenizer)
+    student.tokenizer.add_tokens(["<not the teacher's>"])  # one more id: the teacher's logits no longer index the same vocabulary
     with pytest.raises(ConfigError, match="another tokenizer"):
         DistillKD().transform(student, dict(KD), TrialContext(seed=0, workdir=tmp_path))
 
