@@ -226,6 +226,8 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
         if side := side_of(trial):
             names[side] |= {k for k in trial["params"] if is_pair_by(k)}
     common = names["method"] & names["baseline"]
+    if not common:  # each side's own method has the parameter (puzzle_moe.calib_seed vs expert_drop.calib_seed): pair on its value
+        common = names["method"] | names["baseline"]
 
     def key(trial: dict[str, Any]) -> tuple[Any, ...] | None:
         params = trial["params"]

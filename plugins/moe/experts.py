@@ -48,6 +48,12 @@ def expert_bytes(model: nn.Module) -> int:
     return total
 
 
+def stored(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark a buffer as stored weights, so ``size_bytes`` counts it (it counts Parameters and such buffers)."""
+    tensor._paretolab_weight = True  # type: ignore[attr-defined]
+    return tensor
+
+
 def run_expert(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: Any) -> torch.Tensor:
     """One SwiGLU expert on tokens ``x`` [T, H]: down(act(gate x) * up x)."""
     return nn.functional.linear(act(nn.functional.linear(x, gate)) * nn.functional.linear(x, up), down)

@@ -41,7 +41,7 @@ from torch import nn
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
 from paretolab.plugins.moe import packing
-from paretolab.plugins.moe.experts import ExpertsBase, RoutingStats, calibration, expert_weights, moe_blocks, replace_experts, routing_stats
+from paretolab.plugins.moe.experts import ExpertsBase, RoutingStats, calibration, expert_weights, moe_blocks, replace_experts, routing_stats, stored
 from paretolab.plugins.moe.rfid import CALIB
 from paretolab.subject import Subject
 
@@ -80,7 +80,7 @@ class PackedPairExperts(ExpertsBase):
             self.down_proj = nn.Parameter(torch.stack([dense[e][1] for e in self.dense_ids]), requires_grad=False)
         for p, (_, _, packed) in enumerate(pairs):
             for key, tensor in packed.items():
-                self.register_buffer(f"pair{p}_{key}", tensor)
+                self.register_buffer(f"pair{p}_{key}", stored(tensor))
         self.where = {e: ("dense", i) for i, e in enumerate(self.dense_ids)}
         for p, (a, b) in enumerate(self.pairs):
             self.where[a], self.where[b] = ("pair", p, 0), ("pair", p, 1)
@@ -110,7 +110,7 @@ class MaskedRouter(nn.Module):
         self.norm_topk_prob = getattr(router, "norm_topk_prob", True)
         keep = torch.ones(router.num_experts, dtype=torch.bool, device=router.weight.device)
         keep[dropped] = False
-        self.register_buffer("keep", keep, persistent=False)
+        self.register_buffer("keep", stored(keep))  # 1 byte per expert: what the router must know
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden_states = hidden_states.reshape(-1, self.weight.shape[1])

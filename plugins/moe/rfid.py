@@ -37,7 +37,7 @@ from torch import nn
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
 from paretolab.plugins.moe.experts import (ExpertsBase, calibration, dense_expert_bytes, effective_rank, expert_weights, moe_blocks,
-                                           replace_experts, routing_stats)
+                                           replace_experts, routing_stats, stored)
 from paretolab.subject import Subject
 
 ALLOCATIONS = ("fused", "uniform", "frequency", "erank")
@@ -56,8 +56,8 @@ class LowRankExperts(ExpertsBase):
         self.vs = nn.ParameterList([nn.Parameter(v, requires_grad=False) for per in factors for _, v in per])
         self.ranks = [u.shape[1] for per in factors for u, _ in per]
         for k, (pos, val) in enumerate(entry for per in residual for entry in per):
-            self.register_buffer(f"pos{k}", pos)
-            self.register_buffer(f"val{k}", val)
+            self.register_buffer(f"pos{k}", stored(pos))
+            self.register_buffer(f"val{k}", stored(val))
 
     def _matrix(self, k: int) -> torch.Tensor:
         m, n = self.shapes[k % 3]

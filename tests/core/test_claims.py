@@ -226,6 +226,19 @@ def test_a_train_stage_chosen_against_none_pairs_on_the_shared_train_stage_seed(
     assert sorted((m["trial"], b["trial"]) for m, b in pairs) == [(0, 3), (1, 4), (2, 5)] and ambiguous == 0
 
 
+def test_two_methods_each_with_their_own_pair_by_parameter_pair_on_its_value():
+    """The MoE claims: puzzle_moe.calib_seed against expert_drop.calib_seed (no stage both share) pair on the value."""
+    from paretolab.claims import Claim, pair_trials
+
+    def trial(n, label, seed, memory):
+        return {"trial": n, "label": label, "ppl": 13.0 + n, "params": {f"stage0.{label}.calib_seed": seed, f"stage0.{label}.memory": memory}}
+
+    trials = [trial(0, "puzzle_moe", 0, 0.5), trial(1, "puzzle_moe", 1, 0.5), trial(2, "puzzle_moe", 0, 0.75),
+              trial(3, "expert_drop", 1, 0.5), trial(4, "expert_drop", 0, 0.5), trial(5, "expert_drop", 0, 0.75)]
+    claim = Claim("t", "ppl", "puzzle_moe[memory=0.5]", "expert_drop[memory=0.5]", "lower", "calib_seed")
+    assert sorted((m["trial"], b["trial"]) for m, b in pair_trials(claim, trials)[0]) == [(0, 4), (1, 3)]
+
+
 def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
     """A baseline that is a parameter of the method (tetrajet's recipe: naive) is named as ``tetrajet[recipe=naive]``."""
     from paretolab.claims import Claim, pair_trials
