@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -229,6 +230,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     lines = [
         f"## {name}",
         "",
+        *_papers_claim(pipeline),
         *_claim(pipeline, rows, stores),
         *_frontiers(pipeline, rows),
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
@@ -236,6 +238,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         + f"; {len(rows)} complete trial(s), {failed} failed.",
         "",
         *_provenance(rows),
+        *_trained_base(str(study.user_attrs.get("model", ""))),
     ]
     note = study_quality_note(name, stores)
     if note:
@@ -264,6 +267,28 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     columns, legend = _with_uncertainty(shown, rows, columns, stores)
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
+
+
+def _papers_claim(pipeline: dict[str, Any]) -> list[str]:
+    """The pipeline's ``description`` (what the paper claims and against which baselines), when it has one."""
+    text = " ".join(str(pipeline.get("description") or "").split())
+    return [f"**The paper:** {text}", ""] if text else []
+
+
+def _trained_base(model: str) -> list[str]:
+    """For a base trained here (``train.save_as``): how, from its ``paretolab.json`` on this machine."""
+    from paretolab.training.checkpoints import RECORD, trained_dir
+
+    try:
+        record = json.loads((trained_dir() / model / RECORD).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(record, dict):
+        return []
+    loss = record.get("val_loss")
+    loss_text = f", val_loss {loss:.3f} nats/token on {record.get('val_corpus', '?')}" if isinstance(loss, (int, float)) else ""
+    return [f"Base `{model}`: {record.get('weights', '?')}, from `{record.get('base', '?')}` on {int(record.get('tokens') or 0):,} tokens of "
+            f"{record.get('corpus', '?')} (seed {record.get('seed', '?')}){loss_text}; saved {record.get('saved_at', '?')}.", ""]
 
 
 def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:

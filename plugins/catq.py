@@ -242,7 +242,7 @@ class CATQ(Method):
     cost_is = "simulated"
 
     def search_space(self) -> dict[str, Any]:
-        return {"steps": IntDistribution(20, 300, log=True)}
+        return {"steps": IntDistribution(1, 2000, log=True)}
 
     def defaults(self) -> dict[str, Any]:
         return {

@@ -155,3 +155,24 @@ def test_report_prints_the_pipelines_frontiers_and_marks_stage_energies_estimate
     assert "**Frontier outcome:** the methods on the frontier differ: {distill_kd} → {distill_kd, none}." in text
     kd = next(line for line in text.splitlines() if line.startswith("| distill_kd"))
     assert "≈900" in kd and "≈100" in kd and "≈0.5" in kd  # every joule column of an estimated trial is marked
+
+
+def test_a_section_opens_with_the_papers_claim_and_a_trained_base_with_its_training_record(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))
+    from paretolab.training.checkpoints import RECORD, trained_dir
+
+    (trained_dir() / "base-fp32").mkdir(parents=True)
+    (trained_dir() / "base-fp32" / RECORD).write_text(json.dumps(
+        {"base": "scratch-5m", "weights": "fp32 (trained here)", "tokens": 206848, "corpus": "pystdlib-train",
+         "val_corpus": "pystdlib-val", "val_loss": 5.4816, "seed": 0, "saved_at": "2026-11-30T19:30:10Z"}))
+    stores = _study(tmp_path, ["ppl"])
+    optuna.load_study(study_name="decode", storage=stores.optuna_url).set_user_attr("model", "base-fp32")
+    optuna.load_study(study_name="decode", storage=stores.optuna_url).set_user_attr(
+        "pipeline", {"task": {"name": "perplexity"}, "description": "X claims  8-bit psums\n cost nothing.", "stages": []})
+    monkeypatch.setattr(report, "trial_table", lambda name, s: ([("ppl", "minimize")], []))
+    text = report.study_section("decode", stores, [], frontier=False)
+    assert "**The paper:** X claims 8-bit psums cost nothing." in text
+    assert ("Base `base-fp32`: fp32 (trained here), from `scratch-5m` on 206,848 tokens of pystdlib-train (seed 0), "
+            "val_loss 5.482 nats/token on pystdlib-val; saved 2026-11-30T19:30:10Z.") in text
