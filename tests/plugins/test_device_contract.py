@@ -26,7 +26,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "kalman_attention": {"chunk": 4},
     "gla": {"chunk": 4},
     "rtn": {"group_size": 32},
-    **{name: {"calib_corpus": "pydoc", "calib_samples": 2, "calib_seq_len": 32}
+    **{name: {"calib_corpus": str(Path(__file__).parents[2] / "README.md"), "calib_samples": 2, "calib_seq_len": 32}
        for name in ("rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe")},
     "absmean_ternary": {"group_size": 32},
     # a few steps on a small text that is not the task's pydoc corpus
