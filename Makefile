@@ -61,7 +61,7 @@ results-training: $(STAMP)  ## train the training-study pipelines (each trial <=
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
 
-MOE := moe_rfid moe_puzzle moe_puzzle_average
+MOE := moe_rfid moe_rfid_low moe_puzzle moe_puzzle_average
 MOE_METRICS := ppl,expert_bytes,expert_mem_frac,size_bytes
 results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression pipelines and write pipelines/MOE.md
 	$(BIN)/paretolab models pull tiny-moe

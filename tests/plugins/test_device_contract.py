@@ -30,7 +30,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "distill_kd": {"teacher": "tiny-llama", "tokens": 64, "seq_len": 16, "batch": 2, "top_k": 4, "corpus": str(Path(__file__).parents[2] / "README.md")},
     "distill_sft": {"teacher": "tiny-llama", "tokens": 48, "seq_len": 16, "batch": 2, "prompt_tokens": 4, "new_tokens": 8,
                     "corpus": str(Path(__file__).parents[2] / "README.md")},
-    **{name: {"calib_corpus": "pydoc", "calib_samples": 2, "calib_seq_len": 32}
+    **{name: {"calib_corpus": str(Path(__file__).parents[2] / "README.md"), "calib_samples": 2, "calib_seq_len": 32}
        for name in ("rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe")},
     "absmean_ternary": {"group_size": 32},
     # a few steps on a small text that is not the task's pydoc corpus

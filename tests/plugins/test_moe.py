@@ -20,7 +20,8 @@ from paretolab.plugins.moe.testbed import micro_moe
 from paretolab.subject import Subject
 from paretolab.testing import MethodContract
 
-CHEAP = {"calib_corpus": "pydoc", "calib_samples": 4, "calib_seq_len": 32}
+# a small text file: tokenizing the whole pydoc corpus for every calibration draw would dominate these tests
+CHEAP = {"calib_corpus": str(Path(__file__).parents[2] / "README.md"), "calib_samples": 4, "calib_seq_len": 32}
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_rfid_meets_the_expert_byte_budget_exactly(moe: Subject, ctx: TrialConte
 
 def test_rfid_gives_more_rank_to_the_more_routed_expert(moe: Subject, ctx: TrialContext) -> None:
     out = RfidMoe().transform(moe.copy(), {**CHEAP, "alloc": "frequency", "residual": 0.0}, ctx)
-    windows = ctx.calibration_ids(moe.tokenizer, corpus="pydoc", n_samples=4, seq_len=32)  # what the method calibrated on
+    windows = ctx.calibration_ids(moe.tokenizer, corpus=CHEAP["calib_corpus"], n_samples=4, seq_len=32)  # what the method calibrated on
     stats = routing_stats(moe.model, windows, keep_inputs=False)
     block = moe_blocks(out.model)[0]
     ranks = block.experts.ranks[::3]  # one rank per expert (its gate, up and down share it)
@@ -225,3 +226,35 @@ class TestMsmoeContract(_MoeContract):
     @pytest.fixture
     def method(self) -> Method:
         return MSmoe()
+
+
+def test_the_training_loss_adds_the_routers_balancing_loss(moe: Subject) -> None:
+    from paretolab.plugins.moe.testbed import MoeHook
+
+    batch = ids(17, 2)
+    with torch.no_grad():
+        logits = moe.model(input_ids=batch[:, :-1]).logits
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        aux = moe.model(input_ids=batch[:, :-1], output_router_logits=True).aux_loss
+        loss = MoeHook(0.5).loss(moe.model, batch, None)
+    assert float(aux) > 0
+    torch.testing.assert_close(loss, ce + 0.5 * aux)
+
+
+@pytest.mark.slow
+def test_pull_trains_by_the_train_loop_with_progress_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from paretolab.models import _load_pretrained
+    from paretolab.plugins.moe.testbed import Budget, MoeShape, TinyMoe
+
+    source = TinyMoe("t", MoeShape(hidden=32, layers=2, heads=2, experts=4, top_k=2, expert_inner=48), Budget(tokens=4 * 8 * 32))
+    out = io.StringIO()
+    target = source.train_and_save(Budget(tokens=4 * 8 * 32, batch=8, seq_len=32, eval_every=2, eval_tokens=256), stream=out,
+                                   target=tmp_path / "t")
+    record = json.loads((target / "paretolab.json").read_text())
+    assert record["metrics"]["train_steps"] == 4 and record["metrics"]["train_flops"] > 0 and record["stopped_by"] == "tokens"
+    assert "tiny-moe: training" in out.getvalue() and "saved" in out.getvalue()
+    loaded = _load_pretrained(str(target), "t")
+    assert len(moe_blocks(loaded.model)) == 2
