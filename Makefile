@@ -33,8 +33,11 @@ gpu-check: $(STAMP)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the 
 	PYTHON=$(BIN)/python benchmarks/gpu_check.sh --out gpu_check.json
 
 # The compression claim checks (issue 4): each pipeline runs as a study (resumable), then the
-# results table pipelines/README.md is regenerated from the stored studies.
-CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize
+# results table pipelines/README.md is regenerated from the stored studies. Issue 20 adds the
+# papers' regimes (layerdrop_fewlayer, depth_probe) and the fp32 base: fp32_base trains and saves
+# scratch-5m-fp32 (run before the *_fp32 pipelines that load it).
+CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize \
+          layerdrop_fewlayer depth_probe fp32_base depth_probe_fp32 cat_vs_rotation_fp32 catq_fp32 psumquant_fp32
 results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 2 CPU cores) and write pipelines/README.md
 	$(BIN)/paretolab models pull smollm2-135m
 	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done

@@ -31,7 +31,7 @@ def _store_flags(p: argparse.ArgumentParser) -> None:
 
 
 # the speedups against the unmodified model (timed beside each trial) lead; absolute times follow
-REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,prefill_speedup,decode_speedup,prefill_ms,decode_tok_s,energy_j"
+REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,depth_alpha,depth_fit_r2,depth_ce_inf,prefill_speedup,decode_speedup,prefill_ms,decode_tok_s,energy_j"
 
 
 def build_parser() -> argparse.ArgumentParser:

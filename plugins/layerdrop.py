@@ -154,7 +154,7 @@ class LayerDrop(Method):
     cost_is = "real"
 
     def search_space(self) -> dict[str, Any]:
-        return {"k": IntDistribution(0, 29), "score": CategoricalDistribution(list(SCORES))}  # up to keeping one of SmolLM2's 30 layers
+        return {"k": IntDistribution(0, 29), "score": CategoricalDistribution([*SCORES, *ALIASES])}  # up to keeping one of SmolLM2's 30 layers
 
     def defaults(self) -> dict[str, Any]:
         return {"k": 4, "score": "greedy_bi", "seed": 0, **CALIB_DEFAULTS}

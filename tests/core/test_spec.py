@@ -42,8 +42,10 @@ def test_shipped_pipelines_are_valid(pytestconfig):
     assert {"smoke.yaml", "demo.yaml"} <= set(names)
     from paretolab.search import grid_points
 
+    from tests.core.shipped_pipelines import load_shipped
+
     for path in root.glob("*.yaml"):
-        spec = load_spec(path)
+        spec = load_shipped(path)
         if spec.search.sampler == "grid":  # every parameter enumerable, and enough points for the trials asked
             assert len(grid_points(spec)) >= (spec.search.trials or 1), path.name
 

@@ -126,3 +126,21 @@ def test_random_seed_param_gives_another_draw_and_seed_0_the_old_one(tiny6: Subj
     old = sorted(torch.randperm(6, generator=ctx.generator(offset=53))[:3].tolist())
     assert dropped(0) == old
     assert any(dropped(s) != old for s in (1, 2, 3))
+
+
+@pytest.mark.slow
+def test_block_influence_beats_random_layers_keeping_8_of_smollm2s_30(tmp_path: Path) -> None:
+    """The direction pipelines/layerdrop_fewlayer.yaml measured (README: layerdrop_fewlayer): at 27% of the layers kept, a scored choice beats random ones."""
+    from paretolab.models import SmolLM2
+    from paretolab.tasks import Perplexity, PerplexityOptions
+    from tests.plugins.test_wanda import wikitext2_or_pydoc
+
+    base = SmolLM2().load()
+    ctx = TrialContext(seed=0, workdir=tmp_path)
+    options = PerplexityOptions(corpus=wikitext2_or_pydoc(), max_tokens=2048)
+
+    def ppl(params: dict[str, object]) -> float:
+        return Perplexity().evaluate(LayerDrop().transform(base.copy(), {"k": 22, **params}, ctx), options, ctx)["ppl"]
+
+    scored = ppl({"score": "block_influence"})
+    assert all(scored < ppl({"score": "random", "seed": seed}) for seed in (0, 1))
