@@ -55,8 +55,8 @@ results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding 
 # The training studies (issue 14): small models trained from scratch on the Python standard
 # library corpus, one pipeline per training-time method; each pipeline's `claim:` is checked on
 # seeds paired with its baseline, and pipelines/TRAINING.md is regenerated from the stored studies.
-TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale mup_lr_transfer kalman_attention kalman_recall prac tetrajet l1_sparsity cgls
-TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_s,peak_act_mb,train_mem_mb,train_steps,energy_j,kv_bytes_per_token,hidden_var_growth,hidden_var_last,early_exit_ppl_25,early_exit_ppl_50,early_exit_ppl_75,selfspec_accepted_len,acc,acc_stderr,ffn_zero_frac,sparse_decode_tok_s,dense_decode_tok_s,sparse_decode_speedup,cgls_final_layers
+TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale mup_lr_transfer kalman_attention kalman_recall prac tetrajet l1_sparsity cgls rl_replay
+TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_s,peak_act_mb,train_mem_mb,train_steps,energy_j,kv_bytes_per_token,hidden_var_growth,hidden_var_last,early_exit_ppl_25,early_exit_ppl_50,early_exit_ppl_75,selfspec_accepted_len,acc,acc_stderr,ffn_zero_frac,sparse_decode_tok_s,dense_decode_tok_s,sparse_decode_speedup,cgls_final_layers,rl_acc,rl_acc_start,rl_entropy,rl_entropy_start,gen_tokens,gen_flops,update_flops,rl_s,rl_steps,rl_reuse,rl_staleness
 results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md

@@ -39,7 +39,8 @@ PYSTDLIB_SHA256: dict[str, dict[str, str]] = {
 }
 PYSTDLIB_CORPORA = ("pystdlib-train", "pystdlib-val")
 # Synthetic corpora, generated (seeded) by the module named: its corpus_text(name) returns the text.
-SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.assoc_recall", "assoc-recall-val": "paretolab.tasks.assoc_recall"}
+SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.assoc_recall", "assoc-recall-val": "paretolab.tasks.assoc_recall",
+                                     "arith-train": "paretolab.training.arithmetic", "arith-val": "paretolab.training.arithmetic"}
 BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA, *SYNTHETIC_CORPORA)  # built here: no data dir or network needed
 PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
 # Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the
@@ -168,7 +169,7 @@ def sha256_text(text: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_corpus(name: str) -> tuple[str, str]:
-    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, a synthetic one (``assoc-recall-train``/``-val``),
+    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, a synthetic one (``assoc-recall-train``/``-val``, ``arith-train``/``-val``),
     ``wikitext2``, or a path to a UTF-8 text file."""
     if name == "pydoc":
         text = pydoc_text()

@@ -56,6 +56,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.tetrajet",
     "paretolab.plugins.l1_sparsity",
     "paretolab.plugins.cgls",
+    "paretolab.training.rl",
+    "paretolab.plugins.replay",
 )
 
 
