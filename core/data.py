@@ -42,7 +42,8 @@ PYSTDLIB_CORPORA = ("pystdlib-train", "pystdlib-val")
 SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.assoc_recall", "assoc-recall-val": "paretolab.tasks.assoc_recall",
                                      "arith-train": "paretolab.tasks.arith_corpus", "arith-val": "paretolab.tasks.arith_corpus",
                                      "moe-mix-train": "paretolab.plugins.moe.corpus", "moe-mix-val": "paretolab.plugins.moe.corpus",
-                                     "moe-mix-calib": "paretolab.plugins.moe.corpus"}
+                                     "moe-mix-calib": "paretolab.plugins.moe.corpus",
+                                     "addition-train": "paretolab.training.arithmetic", "addition-val": "paretolab.training.arithmetic"}
 BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA, *SYNTHETIC_CORPORA)  # built here: no data dir or network needed
 PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
 # Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the
@@ -171,7 +172,7 @@ def sha256_text(text: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_corpus(name: str) -> tuple[str, str]:
-    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, a synthetic one (``assoc-recall-train``/``-val``, ``arith-train``/``-val``),
+    """(text, sha256) of a corpus: ``pydoc``, ``pystdlib-train``, ``pystdlib-val``, a synthetic one (``assoc-recall-train``/``-val``, ``arith-train``/``-val``, ``addition-train``/``-val``, ``moe-mix-*``),
     ``wikitext2``, or a path to a UTF-8 text file."""
     if name == "pydoc":
         text = pydoc_text()

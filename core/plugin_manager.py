@@ -62,6 +62,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.forgetting",
     "paretolab.plugins.distill",
     "paretolab.plugins.stage_energy",
+    "paretolab.training.rl",
+    "paretolab.plugins.replay",
 )
 
 

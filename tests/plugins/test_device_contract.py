@@ -33,6 +33,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     **{name: {"calib_corpus": str(Path(__file__).parents[2] / "README.md"), "calib_samples": 2, "calib_seq_len": 32}
        for name in ("rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe")},
     "absmean_ternary": {"group_size": 32},
+    "rl": {"steps": 1, "prompts": 1, "group": 2, "max_new_tokens": 3, "eval_problems": 2},
     # a few steps on a small text that is not the task's pydoc corpus
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
 }
