@@ -43,7 +43,7 @@ BAD = [
     ("stages.1.choice.0.params.bits", ["four"], "stages[1].choice[0].params.bits: 'four' is not an integer"),
     ("stages.1.choice.0.params.bits", {"low": 2.5, "high": 8}, "stages[1].choice[0].params.bits: 2.5 is not an integer"),
     ("stages.0", {"method": "wanda", "params": {"calib_samples": "many"}}, "stages[0].params.calib_samples: 'many' is not an integer (the default is 16)"),
-    ("stages.0", {"method": "layerdrop", "params": {"k": 2.5}}, "stages[0].params.k: 2.5 is not an integer; give an integer from 0 to 16"),
+    ("stages.0", {"method": "layerdrop", "params": {"k": 2.5}}, "stages[0].params.k: 2.5 is not an integer; give an integer from 0 to 29"),
     ("stages.0", {"method": "layerdrop", "params": {"score": {"low": 1, "high": 2}}}, "stages[0].params.score: layerdrop.score is one of"),
     # step
     ("stages.0.params.sparsity", {"low": 0.1, "high": 0.9, "step": 0}, "stages[0].params.sparsity.step: expected a number greater than 0, got 0"),
