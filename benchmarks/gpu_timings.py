@@ -107,12 +107,23 @@ def pytest_summary(junit: Path) -> dict[str, Any]:
     return {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")} | {"failed": failed, "time_s": float(suite.get("time", 0))}
 
 
+SECTIONS: dict[str, Callable[[torch.device, dict[str, Any]], Any]] = {
+    "macko_spmv_vs_dense": spmv, "token_sparse_vs_dense_prefill": token_sparse_prefill, "speculative_vs_greedy": speculative,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: checks the pieces, measures nothing")
     parser.add_argument("--tests-junit", type=Path, help="pytest JUnit XML of the gpu-marked tests, summarised into the JSON")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run (default: all of {', '.join(SECTIONS)})")
     args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        parser.error(f"--sections {args.sections!r}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
 
     if args.dry_run:
         device, sizes = torch.device("cpu"), DRY
@@ -128,11 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.tests_junit:
         report["gpu_tests"] = pytest_summary(args.tests_junit)
-    sections: dict[str, Callable[[torch.device, dict[str, Any]], Any]] = {
-        "macko_spmv_vs_dense": spmv, "token_sparse_vs_dense_prefill": token_sparse_prefill, "speculative_vs_greedy": speculative,
-    }
     failed = False
-    for name, section in sections.items():
+    for name in chosen:
+        section = SECTIONS[name]
         start = time.perf_counter()
         try:
             report[name] = section(device, sizes)
