@@ -3,7 +3,8 @@
     python benchmarks/gpu_timings.py --out gpu_check.json [--tests-junit junit.xml]
     python benchmarks/gpu_timings.py --dry-run --out dry.json     # tiny sizes on the CPU: the pieces run
 
-On a GPU: MACKO SpMV (the Triton kernel) vs dense fp16 ``torch.mv`` (cuBLAS) at 50-90% sparsity;
+On a GPU: MACKO SpMV (the Triton kernel) vs dense fp16 ``torch.mv`` (cuBLAS) at 50-90% sparsity (each sample
+100 back-to-back calls, so launch and synchronisation are not what is timed);
 Token Sparse Attention vs dense prefill of SmolLM2-135M at 8k and 16k tokens; self-speculative vs
 greedy decoding tok/s on SmolLM2-135M. Every timing is a median after a warm-up, the two sides
 called alternately, synchronised around each call. ``--dry-run`` runs the same code with tiny
@@ -30,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 from sparse_attention import paired_medians  # noqa: E402
 from spmv import pruned_matrix  # noqa: E402
 
-FULL = {"spmv_shapes": [(4096, 4096), (1536, 576), (576, 1536)], "sparsities": [0.5, 0.6, 0.7, 0.8, 0.9], "spmv_reps": 50,
+FULL = {"spmv_shapes": [(4096, 4096), (1536, 576), (576, 1536)], "sparsities": [0.5, 0.6, 0.7, 0.8, 0.9], "spmv_reps": 30, "spmv_inner": 100,
         "model": "smollm2-135m", "lengths": [8192, 16384], "prefill_reps": 5, "spec_prompts": 4, "spec_new_tokens": 64}
-DRY = {"spmv_shapes": [(64, 64)], "sparsities": [0.5, 0.9], "spmv_reps": 3,
+DRY = {"spmv_shapes": [(64, 64)], "sparsities": [0.5, 0.9], "spmv_reps": 3, "spmv_inner": 2,
        "model": "tiny-llama", "lengths": [256], "prefill_reps": 2, "spec_prompts": 2, "spec_new_tokens": 8}
 
 
@@ -51,9 +52,12 @@ def spmv(device: torch.device, sizes: dict[str, Any]) -> list[dict[str, Any]]:
             w16 = pruned_matrix(rows, cols, sparsity, device=device)
             fmt = macko_encode(w16)
             w, x = w16.to(dtype), torch.randn(cols, device=device, dtype=torch.float16).to(dtype)
-            dense_s, macko_s = paired_medians(lambda: torch.mv(w, x), lambda: macko_fn(fmt, x), device, sizes["spmv_reps"])
+            dense_s, macko_s = paired_medians(lambda: torch.mv(w, x), lambda: macko_fn(fmt, x), device, sizes["spmv_reps"],
+                                                inner=sizes["spmv_inner"])
             rows_out.append({"shape": f"{rows}x{cols}", "sparsity": sparsity, "macko_us": macko_s * 1e6, "dense_us": dense_s * 1e6,
-                             "speedup_vs_dense": dense_s / macko_s, "bytes_vs_dense_fp16": fmt.nbytes / dense_bytes((rows, cols), 16)})
+                             "speedup_vs_dense": dense_s / macko_s, "bytes_vs_dense_fp16": fmt.nbytes / dense_bytes((rows, cols), 16),
+                             # achieved bandwidth (matrix bytes read per call / time): against the copy ceiling, how far each is from memory-bound
+                             "macko_gb_s": fmt.nbytes / macko_s / 1e9, "dense_gb_s": w.numel() * w.element_size() / dense_s / 1e9})
     return rows_out
 
 

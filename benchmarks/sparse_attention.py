@@ -34,8 +34,14 @@ from paretolab.tasks import corpus_ids
 CAPTURE = "paretolab_capture_qkv"
 
 
-def paired_medians(dense: Callable[[], object], sparse: Callable[[], object], device: torch.device, reps: int) -> tuple[float, float]:
-    """Median wall times of ``dense`` and ``sparse``, called alternately (so load changes hit both), after a warm-up."""
+def paired_medians(dense: Callable[[], object], sparse: Callable[[], object], device: torch.device, reps: int,
+                   inner: int = 1) -> tuple[float, float]:
+    """Median wall times per call of ``dense`` and ``sparse``, called alternately (so load changes hit both), after a warm-up.
+
+    Each sample times ``inner`` back-to-back calls between two synchronisations and divides: a kernel of tens of
+    microseconds is otherwise timed together with its launch and the synchronisation (``inner=1`` is right for
+    calls of milliseconds and more).
+    """
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dense(), sparse()
     times: tuple[list[float], list[float]] = ([], [])
@@ -43,9 +49,10 @@ def paired_medians(dense: Callable[[], object], sparse: Callable[[], object], de
         for fn, out in ((dense, times[0]), (sparse, times[1])):
             sync()
             start = time.perf_counter()
-            fn()
+            for _ in range(inner):
+                fn()
             sync()
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start) / inner)
     return statistics.median(times[0]), statistics.median(times[1])
 
 

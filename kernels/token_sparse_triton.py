@@ -64,7 +64,7 @@ def _row_stats_kernel(
     for k0 in range(0, L, BK):
         kj = k0 + tl.arange(0, BK)  # (BK,)
         k = _load_keys_t(k_ptr, b, kh, kj, kj < L, d, d_ok, skb, skh, skl, skd)  # (BD, BK)
-        logits = tl.dot(q, k) * scale  # (BQ, BK)
+        logits = tl.dot(q, k, input_precision="ieee") * scale  # (BQ, BK); ieee: fp32 like the reference (the default tf32 rounds to 10 bits)
         visible = (kj[None, :] <= q_pos[:, None]) & (kj[None, :] < L)
         logits = tl.where(visible, logits, float("-inf"))
         m_new = tl.maximum(m, tl.max(logits, axis=1))
@@ -99,7 +99,7 @@ def _prefix_scores_kernel(
         q = _load_queries(q_ptr, b, h, prefix + qi, q_ok, d, d_ok, sqb, sqh, sql, sqd)  # (BQ, BD)
         m = tl.load(m_ptr + bh * W + qi, mask=q_ok, other=0.0)
         s = tl.load(l_ptr + bh * W + qi, mask=q_ok, other=1.0)
-        logits = tl.dot(q, k) * scale  # (BQ, BK); prefix keys precede every window query
+        logits = tl.dot(q, k, input_precision="ieee") * scale  # (BQ, BK); ieee: fp32 like the reference (the default tf32 rounds to 10 bits); prefix keys precede every window query
         probs = tl.exp(logits - m[:, None]) / s[:, None]
         acc += tl.sum(tl.where(q_ok[:, None], probs, 0.0), axis=0)
     tl.store(out_ptr + bh * prefix + kj, acc / W, mask=k_ok)
