@@ -64,6 +64,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.stage_energy",
     "paretolab.training.rl",
     "paretolab.plugins.replay",
+    "paretolab.plugins.select_to_think",
 )
 
 

@@ -21,6 +21,8 @@ CHEAP: dict[str, dict[str, Any]] = {
     "psumquant": {**CALIB, "tile": 32, "fit_tokens": 32, "sqnr_tokens": 16},
     "parallel_probe": {"n_branches": 2, "questions_per_batch": 2},
     "self_consistency": {"n_branches": 2, "questions_per_batch": 2},
+    "select_to_think": {"large": "tiny-llama", "calib_examples": 2},
+    "large_only": {"large": "tiny-llama"},
     "speculative": {"draft": "self", "k": 2, "skip": 1, "prompts": 1, "new_tokens": 4, "prompt_tokens": 16, **CALIB},
     "token_sparse_attention": {"window": 4, "min_tokens": 8, "kernel_size": 3},
     "kalman_attention": {"chunk": 4},

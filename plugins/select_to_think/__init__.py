@@ -1,0 +1,237 @@
+"""Select to Think (S2T): the small model decodes; at uncertain steps the large one picks among its top-k.
+
+Ye, Zhang, An, Carle, Ma, "Select to Think: Unlocking SLM Potential with Local Sufficiency" (ICML 2026,
+code: YeRona/Select-to-Think). The paper's claim: at divergence points the large model's preferred token
+is usually in the small model's top-K, so letting the large model *select* among those candidates
+recovers most of what letting it *generate* (takeover at the same trigger points) recovers. Its S2T-Local
+(the selection distilled into the small model) is not implemented here.
+
+The subject of a trial is the *small* model (e.g. SmolLM2-135M after a ``layerdrop`` stage, which keeps
+the tokenizer); ``large`` names the large model, loaded once per worker process and shared read-only by
+every trial in it (ours: a per-process cache until the multi-model platform lands). Pairs whose
+tokenizers differ are refused. The step loop, triggers, counting and calibration are in
+:mod:`paretolab.plugins.select_to_think.decode` (what is the paper's and what is ours is said there).
+
+Calibration (the paper's rule, our split): the trigger threshold is the ``quantile`` of the trigger
+scores seen while the small model decodes ``calib_examples`` problems greedily; the problems are the
+task's own generator with ``seed + 1000`` (tasks without a ``seed`` option need an explicit
+``threshold``). Labels are never read, so overlap with evaluated problems leaks no answers. Its cost
+(``calib_large_calls``) is reported apart, once per trial, not in the per-example counts.
+
+Methods: ``select_to_think`` (``guide: select`` is S2T, ``guide: takeover`` the paper's takeover
+baseline at the same trigger points; ``trigger: none`` is small greedy), and ``large_only`` (the
+large model decodes alone, small model unused). The small self-consistency baseline is the existing
+``self_consistency`` method on the same small subject. Costs are counted, not simulated: every forward
+pass of a model is a call; ``*_tokens`` are the tokens those passes processed, prompts included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from paretolab import Method, Metric, Paper, hookimpl
+from paretolab.errors import ConfigError
+from paretolab.generation import Generation
+from paretolab.plugins.select_to_think.decode import GUIDES, TRIGGERS, Decoded, S2TSettings, calibrate_threshold, large_only_decode, s2t_decode
+
+if TYPE_CHECKING:
+    from paretolab.context import TrialContext
+    from paretolab.subject import Subject
+
+PAPER = Paper("Select to Think: Unlocking SLM Potential with Local Sufficiency", "ICML 2026", "https://github.com/YeRona/Select-to-Think")
+CALIB_SEED_OFFSET = 1000  # calibration problems: the task's generator at seed + this
+_LARGE: dict[tuple[str, str], Subject] = {}  # (model name, device) -> loaded once per process, shared read-only
+_THRESHOLDS: dict[str, tuple[float, int]] = {}  # calibration key -> (threshold, large calls it cost)
+
+
+def large_subject(name: str, device: torch.device) -> Subject:
+    """The large model ``name`` on ``device``, loaded on first use and kept for every later trial of this process."""
+    key = (name, str(device))
+    if key not in _LARGE:
+        from paretolab.models import load_subject
+
+        with torch.device("cpu"):  # build real weights whatever default device the caller runs under
+            subject = load_subject(name)
+        subject.model.requires_grad_(False)
+        _LARGE[key] = subject.to(device)
+    return _LARGE[key]
+
+
+def check_shared_tokenizer(small: Subject, large: Subject) -> None:
+    """Refuse a pair whose tokenizers map text to different ids (selection compares token ids)."""
+    from paretolab.training.batches import tokenizer_fingerprint
+
+    if tokenizer_fingerprint(small.tokenizer) != tokenizer_fingerprint(large.tokenizer):
+        raise ConfigError(
+            f"select_to_think.large: {large.model_name!r} does not share {small.model_name!r}'s tokenizer, so its logits do not "
+            "index the small model's candidates; pair models with one tokenizer (e.g. a layer-dropped SmolLM2 and smollm2-135m)"
+        )
+
+
+@dataclass
+class S2TGenerator:
+    """Decodes each prompt with :func:`s2t_decode` (or the large model alone); reports both models' calls."""
+
+    settings: S2TSettings
+    large: str
+    quantile: float = 0.95
+    calib_examples: int = 8
+    calibrate: bool = True  # False: settings.threshold is used as given
+    large_only: bool = False
+
+    def generate(self, subject: Subject, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), ctx: TrialContext | None = None) -> Generation:
+        needs_large = self.large_only or self.settings.trigger != "none"
+        large = large_subject(self.large, subject.device) if needs_large else None
+        if large is not None:
+            check_shared_tokenizer(subject, large)
+        settings, calib_calls = self.settings, 0
+        if self.calibrate and settings.trigger in ("entropy", "kl") and not self.large_only:
+            threshold, calib_calls = self._threshold(subject, large, max_new_tokens, stop_ids, ctx)
+            settings = replace(settings, threshold=threshold)
+        decoded = [
+            large_only_decode(large.model, p, max_new_tokens=max_new_tokens, stop_ids=stop_ids) if self.large_only and large is not None
+            else s2t_decode(subject.model, large.model if large is not None else None, p, settings, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+            for p in prompts
+        ]
+        return _as_generation(decoded, settings.threshold, calib_calls)
+
+    def _threshold(self, subject: Subject, large: Subject | None, max_new_tokens: int, stop_ids: Sequence[int],
+                   ctx: TrialContext | None) -> tuple[float, int]:
+        """The calibrated threshold (cached per process by everything it depends on) and the large calls it cost."""
+        from paretolab.plugins.parallel_probe.traces import model_fingerprint
+
+        prompts = calibration_prompts(subject.tokenizer, ctx, self.calib_examples)
+        probe = replace(self.settings, threshold=math.inf)  # record scores, never fire
+        material = json.dumps([model_fingerprint(subject.model), self.large, probe.trigger, probe.support, probe.warmup,
+                               self.quantile, prompts, sorted(stop_ids), max_new_tokens], default=str)
+        key = hashlib.sha256(material.encode()).hexdigest()
+        if key not in _THRESHOLDS:
+            runs = [s2t_decode(subject.model, large.model if large is not None else None, p, probe,
+                               max_new_tokens=max_new_tokens, stop_ids=stop_ids) for p in prompts]
+            _THRESHOLDS[key] = (calibrate_threshold([s for r in runs for s in r.scores], self.quantile), sum(r.large_calls for r in runs))
+        return _THRESHOLDS[key]
+
+
+def calibration_prompts(tokenizer: Any, ctx: TrialContext | None, n: int) -> list[list[int]]:
+    """Prompts of ``n`` problems the trial does not evaluate: the task's generator at ``seed + 1000``."""
+    from paretolab.options import parse_options
+    from paretolab.plugin_manager import registries
+    from paretolab.tasks.generation import GenerationTask, prompt_ids, resolve_style
+
+    cfg = dict(ctx.task) if ctx is not None else {}
+    name = cfg.pop("name", None)
+    tasks = registries().tasks
+    task = tasks.get(name) if name in tasks else None
+    fields = getattr(getattr(task, "options", None), "__dataclass_fields__", {})
+    if not isinstance(task, GenerationTask) or "seed" not in fields:
+        raise ConfigError(f"select_to_think: task {name!r} has no `seed` option to draw a calibration split from; "
+                          "set select_to_think.threshold to a trigger level instead")
+    cfg["seed"] = int(cfg.get("seed", fields["seed"].default)) + CALIB_SEED_OFFSET
+    cfg["limit"] = n
+    options = parse_options(task.options, cfg, where="task")
+    shots, examples = task.examples(options)
+    style = resolve_style(tokenizer, options.prompt)
+    return [prompt_ids(tokenizer, ex, shots, style) for ex in examples]
+
+
+def _as_generation(decoded: list[Decoded], threshold: float, calib_calls: int) -> Generation:
+    n = max(len(decoded), 1)
+    new_tokens = max(sum(len(d.tokens) for d in decoded), 1)
+    steps = sum(len(d.tokens) for d in decoded)
+    stats = {
+        "large_calls": sum(d.large_calls for d in decoded) / n,
+        "large_tokens": sum(d.large_tokens for d in decoded) / n,
+        "small_calls": sum(d.small_calls for d in decoded) / n,
+        "small_tokens": sum(d.small_tokens for d in decoded) / n,
+        "large_calls_per_token": sum(d.large_calls for d in decoded) / new_tokens,
+        "trigger_rate": sum(d.fired for d in decoded) / max(steps, 1),
+        "flip_rate": sum(d.flipped for d in decoded) / max(steps, 1),
+        "calib_large_calls": float(calib_calls),
+    }
+    if math.isfinite(threshold):
+        stats["s2t_threshold"] = threshold
+    total = sum(len(d.tokens) for d in decoded)
+    return Generation([d.tokens for d in decoded], total, total, sum(d.prefill_s for d in decoded), sum(d.decode_s for d in decoded), stats)
+
+
+_STATS = ("large_calls", "large_tokens", "small_calls", "small_tokens", "large_calls_per_token", "trigger_rate", "flip_rate", "calib_large_calls")
+
+
+class SelectToThink(Method):
+    """Small model decodes; where the trigger fires the large model selects among its top-k (or takes over)."""
+
+    name = "select_to_think"
+    kind = "decoding"
+    paper = PAPER
+    cost_is = "real"
+    metrics = (*_STATS, "s2t_threshold")
+
+    def search_space(self) -> dict[str, Any]:
+        return {
+            "trigger": CategoricalDistribution(list(TRIGGERS)),
+            "guide": CategoricalDistribution(list(GUIDES)),
+            "k": IntDistribution(1, 64),
+            "quantile": FloatDistribution(0.5, 1.0),
+            "warmup": IntDistribution(0, 8),
+        }
+
+    def defaults(self) -> dict[str, Any]:
+        return {"large": "smollm2-135m", "trigger": "entropy", "guide": "select", "k": 8, "quantile": 0.95,
+                "support": 64, "warmup": 0, "calib_examples": 8, "threshold": None}
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        p = {**self.defaults(), **params}
+        threshold = p["threshold"]
+        settings = S2TSettings(trigger=str(p["trigger"]), guide=str(p["guide"]), k=int(p["k"]), support=int(p["support"]),
+                               warmup=int(p["warmup"]), threshold=math.inf if threshold is None else float(threshold))
+        if int(p["calib_examples"]) < 1:
+            raise ConfigError(f"select_to_think.calib_examples must be >= 1, got {p['calib_examples']}")
+        subject.generator = S2TGenerator(settings, str(p["large"]), float(p["quantile"]), int(p["calib_examples"]),
+                                         calibrate=threshold is None)
+        return subject
+
+
+class LargeOnly(Method):
+    """The large model decodes alone, greedily (the S2T baseline whose gain S2T should recover); the subject is unused."""
+
+    name = "large_only"
+    kind = "decoding"
+    paper = PAPER
+    cost_is = "real"
+    metrics = _STATS
+
+    def defaults(self) -> dict[str, Any]:
+        return {"large": "smollm2-135m"}
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        p = {**self.defaults(), **params}
+        subject.generator = S2TGenerator(S2TSettings(trigger="none"), str(p["large"]), calibrate=False, large_only=True)
+        return subject
+
+
+@hookimpl
+def register_methods(register: Callable[[Method], None]) -> None:
+    register(SelectToThink())
+    register(LargeOnly())
+
+
+@hookimpl
+def register_metrics(register: Callable[[Metric], None]) -> None:
+    register(Metric("large_calls", "calls", "minimize", "routing: forward passes of the large model per example (a catch-up over several tokens is one)"))
+    register(Metric("large_tokens", "tokens", "minimize", "routing: tokens the large model processed per example, prompt included"))
+    register(Metric("small_calls", "calls", "minimize", "routing: forward passes of the small model per example"))
+    register(Metric("small_tokens", "tokens", "minimize", "routing: tokens the small model processed per example, prompt included"))
+    register(Metric("large_calls_per_token", "ratio", "minimize", "routing: large-model forward passes per generated token (large only: 1)"))
+    register(Metric("trigger_rate", "fraction", "minimize", "select_to_think: decode steps at which the trigger fired"))
+    register(Metric("flip_rate", "fraction", "minimize", "select_to_think: decode steps whose token the large model changed"))
+    register(Metric("calib_large_calls", "calls", "minimize", "select_to_think: large-model calls the threshold calibration costs (per trial; reported also when this process reused it)"))
+    register(Metric("s2t_threshold", "score", "minimize", "select_to_think: the calibrated trigger threshold"))

@@ -1,0 +1,161 @@
+"""select_to_think / large_only: the contract, the step loop's equalities with greedy decoding, honest call counts, calibration."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from paretolab.errors import ConfigError
+from paretolab.generation import greedy_decode
+from paretolab.models import TinyLlama, byte_tokenizer
+from paretolab.plugins.select_to_think import LargeOnly, SelectToThink, check_shared_tokenizer, large_subject
+from paretolab.plugins.select_to_think.decode import S2TSettings, calibrate_threshold, large_only_decode, s2t_decode
+from paretolab.search import StagePlan
+from paretolab.subject import Subject
+from paretolab.testing import MethodContract
+from paretolab.trial import TrialSettings, run_trial
+
+CHEAP = {"large": "tiny-llama", "calib_examples": 2, "quantile": 0.5}
+PROMPT = [5, 17, 99, 3, 42, 7, 64, 11]
+NEW = 12
+
+
+class TestSelectToThinkContract(MethodContract):
+    @pytest.fixture
+    def method(self):
+        return SelectToThink()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return dict(CHEAP)
+
+
+class TestLargeOnlyContract(MethodContract):
+    @pytest.fixture
+    def method(self):
+        return LargeOnly()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"large": "tiny-llama"}
+
+
+def _peaked(seed: int, layers: int) -> torch.nn.Module:
+    """A tiny random Llama with weights redrawn at std 0.3: the default init just repeats the last token, in both models alike."""
+    model = TinyLlama(seed=seed, layers=layers).load().model
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def small() -> torch.nn.Module:
+    return _peaked(0, 2)
+
+
+@pytest.fixture(scope="module")
+def large() -> torch.nn.Module:
+    return _peaked(1, 3)  # same byte vocabulary, other weights
+
+
+def _greedy(model: torch.nn.Module, n: int = NEW) -> list[int]:
+    return greedy_decode(model, torch.tensor([PROMPT]), n)[0].tolist()
+
+
+def test_never_firing_is_small_greedy_and_never_calls_the_large_model(small, large) -> None:
+    for settings in (S2TSettings(trigger="none"), S2TSettings(trigger="entropy", threshold=math.inf)):
+        out = s2t_decode(small, large, PROMPT, settings, max_new_tokens=NEW)
+        assert out.tokens == _greedy(small)
+        assert (out.large_calls, out.large_tokens, out.fired) == (0, 0, 0)
+        assert (out.small_calls, out.small_tokens) == (NEW, len(PROMPT) + NEW - 1)  # one prefill, then one pass per further token
+
+
+def test_always_firing_with_k1_is_small_greedy_and_calls_the_large_model_every_step(small, large) -> None:
+    out = s2t_decode(small, large, PROMPT, S2TSettings(trigger="always", guide="select", k=1), max_new_tokens=NEW)
+    assert out.tokens == _greedy(small)  # the large model may only choose among the small model's candidates
+    assert out.fired == NEW and out.flipped == 0
+    assert out.large_calls == NEW and out.large_tokens == len(PROMPT) + NEW - 1
+
+
+def test_always_takeover_is_large_greedy(small, large) -> None:
+    out = s2t_decode(small, large, PROMPT, S2TSettings(trigger="always", guide="takeover"), max_new_tokens=NEW)
+    alone = large_only_decode(large, PROMPT, max_new_tokens=NEW)
+    assert out.tokens == alone.tokens == _greedy(large)
+    assert out.tokens != _greedy(small), "the two tiny models should disagree, else this test shows nothing"
+    assert (alone.large_calls, alone.large_tokens, alone.small_calls) == (NEW, len(PROMPT) + NEW - 1, 0)
+
+
+def test_selection_stays_within_the_small_models_top_k_and_follows_the_large_model(small, large) -> None:
+    k = 4
+    out = s2t_decode(small, large, PROMPT, S2TSettings(trigger="always", guide="select", k=k), max_new_tokens=NEW)
+    ids = torch.tensor([PROMPT + out.tokens])
+    with torch.no_grad():
+        small_logits = small(input_ids=ids).logits[0, len(PROMPT) - 1 : -1]
+        large_logits = large(input_ids=ids).logits[0, len(PROMPT) - 1 : -1]
+    for step, token in enumerate(out.tokens):
+        candidates = small_logits[step].topk(k).indices
+        assert token in candidates.tolist()
+        assert token == int(candidates[large_logits[step][candidates].argmax()])
+    assert out.flipped > 0, "selection never changed a token: the test shows nothing"
+
+
+def test_lazy_large_model_is_called_only_where_the_entropy_trigger_fires(small, large) -> None:
+    probe = s2t_decode(small, large, PROMPT, S2TSettings(trigger="entropy"), max_new_tokens=NEW)
+    threshold = calibrate_threshold(probe.scores, 0.75)
+    out = s2t_decode(small, large, PROMPT, S2TSettings(trigger="entropy", threshold=threshold, k=4), max_new_tokens=NEW)
+    assert 0 < out.fired < len(out.tokens)
+    assert out.large_calls == out.fired  # each call catches up on every unseen token in one pass
+    assert out.large_tokens <= len(PROMPT) + len(out.tokens) - 1
+
+
+def test_kl_trigger_runs_the_large_model_at_every_step_after_warmup(small, large) -> None:
+    out = s2t_decode(small, large, PROMPT, S2TSettings(trigger="kl", threshold=math.inf, warmup=3), max_new_tokens=NEW)
+    assert out.tokens == _greedy(small)
+    assert out.large_calls == NEW - 3 and len(out.scores) == NEW - 3
+    assert all(s >= -1e-9 for s in out.scores)  # a KL divergence
+
+
+def test_calibrated_threshold_is_the_quantile_and_refuses_no_scores() -> None:
+    assert calibrate_threshold([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+    with pytest.raises(ConfigError, match="calibration"):
+        calibrate_threshold([], 0.9)
+    with pytest.raises(ConfigError, match="quantile"):
+        calibrate_threshold([1.0], 1.5)
+
+
+def test_a_pair_without_a_shared_tokenizer_is_refused() -> None:
+    small_subject = TinyLlama().load()
+    other = byte_tokenizer()
+    other.add_tokens(["<extra>"])
+    with pytest.raises(ConfigError, match="tokenizer"):
+        check_shared_tokenizer(small_subject, Subject(model=small_subject.model, tokenizer=other, model_name="other"))
+
+
+def test_the_large_model_is_loaded_once_per_process() -> None:
+    first = large_subject("tiny-llama", torch.device("cpu"))
+    assert large_subject("tiny-llama", torch.device("cpu")) is first
+
+
+def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tiny) -> None:
+    settings = TrialSettings("s2t", "arithmetic", {"limit": 3, "max_new_tokens": 6, "shots": 1}, {}, seed=0)
+    runs = {
+        "s2t": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 2}),
+        "small": StagePlan("stage0", "select_to_think", {**CHEAP, "trigger": "none"}),
+        "large": StagePlan("stage0", "large_only", {"large": "tiny-llama"}),
+    }
+    metrics = {}
+    for number, (name, plan) in enumerate(runs.items()):
+        result = run_trial(tiny, [plan], settings, number=number)
+        assert not result.failed, result.traceback
+        metrics[name] = result.metrics
+    assert metrics["small"]["large_calls"] == 0 and metrics["small"]["small_calls"] > 0
+    assert metrics["large"]["small_calls"] == 0 and metrics["large"]["large_calls_per_token"] == 1.0
+    s2t = metrics["s2t"]
+    assert 0 < s2t["trigger_rate"] < 1 and s2t["large_calls"] > 0 and s2t["calib_large_calls"] == 0  # entropy calibration needs no large call
+    assert math.isfinite(s2t["s2t_threshold"])
