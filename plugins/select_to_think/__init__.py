@@ -23,6 +23,11 @@ baseline at the same trigger points; ``trigger: none`` is small greedy), and ``l
 large model decodes alone, small model unused). The small self-consistency baseline is the existing
 ``self_consistency`` method on the same small subject. Costs are counted, not simulated: every forward
 pass of a model is a call; ``*_tokens`` are the tokens those passes processed, prompts included.
+
+Replay (ours, in-process only): every decode here is deterministic, so a decode identical to an earlier
+one in the same worker (same small weights, large model, settings, threshold, prompt, budget and stops)
+is replayed with its counted calls and its measured times; ``decodes_replayed`` says for how many
+examples of the trial. Calibration scores are cached the same way (the quantile is applied after).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ if TYPE_CHECKING:
 PAPER = Paper("Select to Think: Unlocking SLM Potential with Local Sufficiency", "ICML 2026", "https://github.com/YeRona/Select-to-Think")
 CALIB_SEED_OFFSET = 1000  # calibration problems: the task's generator at seed + this
 _LARGE: dict[tuple[str, str], Subject] = {}  # (model name, device) -> loaded once per process, shared read-only
-_THRESHOLDS: dict[str, tuple[float, int]] = {}  # calibration key -> (threshold, large calls it cost)
+_CALIBRATION: dict[str, tuple[list[float], int]] = {}  # calibration key -> (trigger scores, large calls they cost)
+_DECODED: dict[str, Decoded] = {}  # decode key -> its result: every decode here is deterministic, so a repeat is replayed
 
 
 def large_subject(name: str, device: torch.device) -> Subject:
@@ -97,28 +103,45 @@ class S2TGenerator:
         if self.calibrate and settings.trigger in ("entropy", "kl") and not self.large_only:
             threshold, calib_calls = self._threshold(subject, large, max_new_tokens, stop_ids, ctx)
             settings = replace(settings, threshold=threshold)
-        decoded = [
-            large_only_decode(large.model, p, max_new_tokens=max_new_tokens, stop_ids=stop_ids) if self.large_only and large is not None
-            else s2t_decode(subject.model, large.model if large is not None else None, p, settings, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
-            for p in prompts
-        ]
-        return _as_generation(decoded, settings.threshold, calib_calls)
+        fingerprint = _fingerprint(subject.model) if not self.large_only else ""
+        decoded, replayed = [], 0
+        for p in prompts:
+            key = _key([fingerprint, self.large if needs_large else "", self.large_only, repr(settings), list(p), max_new_tokens, sorted(stop_ids)])
+            if key in _DECODED:
+                replayed += 1
+            elif self.large_only and large is not None:
+                _DECODED[key] = large_only_decode(large.model, p, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+            else:
+                _DECODED[key] = s2t_decode(subject.model, large.model if large is not None else None, p, settings,
+                                           max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+            decoded.append(_DECODED[key])
+        generation = _as_generation(decoded, settings.threshold, calib_calls)
+        generation.stats["decodes_replayed"] = replayed / max(len(prompts), 1)
+        return generation
 
     def _threshold(self, subject: Subject, large: Subject | None, max_new_tokens: int, stop_ids: Sequence[int],
                    ctx: TrialContext | None) -> tuple[float, int]:
-        """The calibrated threshold (cached per process by everything it depends on) and the large calls it cost."""
-        from paretolab.plugins.parallel_probe.traces import model_fingerprint
-
+        """The calibrated threshold and the large calls calibration costs (its scores cached per process; the quantile is not in the key)."""
         prompts = calibration_prompts(subject.tokenizer, ctx, self.calib_examples)
-        probe = replace(self.settings, threshold=math.inf)  # record scores, never fire
-        material = json.dumps([model_fingerprint(subject.model), self.large, probe.trigger, probe.support, probe.warmup,
-                               self.quantile, prompts, sorted(stop_ids), max_new_tokens], default=str)
-        key = hashlib.sha256(material.encode()).hexdigest()
-        if key not in _THRESHOLDS:
+        probe = S2TSettings(trigger=self.settings.trigger, support=self.settings.support, warmup=self.settings.warmup)  # never fires
+        key = _key([_fingerprint(subject.model), self.large, repr(probe), prompts, sorted(stop_ids), max_new_tokens])
+        if key not in _CALIBRATION:
             runs = [s2t_decode(subject.model, large.model if large is not None else None, p, probe,
                                max_new_tokens=max_new_tokens, stop_ids=stop_ids) for p in prompts]
-            _THRESHOLDS[key] = (calibrate_threshold([s for r in runs for s in r.scores], self.quantile), sum(r.large_calls for r in runs))
-        return _THRESHOLDS[key]
+            _CALIBRATION[key] = ([s for r in runs for s in r.scores], sum(r.large_calls for r in runs))
+        scores, calls = _CALIBRATION[key]
+        return calibrate_threshold(scores, self.quantile), calls
+
+
+def _fingerprint(model: torch.nn.Module) -> str:
+    """A hash of the model's config and weights (any change shows; ~1 s for SmolLM2)."""
+    from paretolab.plugins.parallel_probe.traces import model_fingerprint
+
+    return model_fingerprint(model)
+
+
+def _key(material: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(material, default=str).encode()).hexdigest()
 
 
 def calibration_prompts(tokenizer: Any, ctx: TrialContext | None, n: int) -> list[list[int]]:
@@ -163,7 +186,7 @@ def _as_generation(decoded: list[Decoded], threshold: float, calib_calls: int) -
     return Generation([d.tokens for d in decoded], total, total, sum(d.prefill_s for d in decoded), sum(d.decode_s for d in decoded), stats)
 
 
-_STATS = ("large_calls", "large_tokens", "small_calls", "small_tokens", "large_calls_per_token", "trigger_rate", "flip_rate", "calib_large_calls")
+_STATS = ("decodes_replayed", "large_calls", "large_tokens", "small_calls", "small_tokens", "large_calls_per_token", "trigger_rate", "flip_rate", "calib_large_calls")
 
 
 class SelectToThink(Method):
@@ -234,4 +257,5 @@ def register_metrics(register: Callable[[Metric], None]) -> None:
     register(Metric("trigger_rate", "fraction", "minimize", "select_to_think: decode steps at which the trigger fired"))
     register(Metric("flip_rate", "fraction", "minimize", "select_to_think: decode steps whose token the large model changed"))
     register(Metric("calib_large_calls", "calls", "minimize", "select_to_think: large-model calls the threshold calibration costs (per trial; reported also when this process reused it)"))
+    register(Metric("decodes_replayed", "fraction", "maximize", "select_to_think/large_only: examples whose decode (tokens, counts, times) was replayed from an identical earlier one in this worker"))
     register(Metric("s2t_threshold", "score", "minimize", "select_to_think: the calibrated trigger threshold"))

@@ -148,6 +148,8 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
         "s2t": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 2}),
         "small": StagePlan("stage0", "select_to_think", {**CHEAP, "trigger": "none"}),
         "large": StagePlan("stage0", "large_only", {"large": "tiny-llama"}),
+        "s2t again": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 2}),
+        "s2t k3": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 3}),
     }
     metrics = {}
     for number, (name, plan) in enumerate(runs.items()):
@@ -159,3 +161,8 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
     s2t = metrics["s2t"]
     assert 0 < s2t["trigger_rate"] < 1 and s2t["large_calls"] > 0 and s2t["calib_large_calls"] == 0  # entropy calibration needs no large call
     assert math.isfinite(s2t["s2t_threshold"])
+    # an identical decode in the same worker is replayed with its counts; a changed setting decodes anew
+    assert s2t["decodes_replayed"] == 0 and metrics["s2t again"]["decodes_replayed"] == 1
+    counted = ("acc", "tokens_total", "large_calls", "large_tokens", "small_calls", "small_tokens", "trigger_rate", "flip_rate", "s2t_threshold")
+    assert [metrics["s2t again"][k] for k in counted] == [s2t[k] for k in counted]
+    assert metrics["s2t k3"]["decodes_replayed"] == 0
