@@ -241,10 +241,54 @@ class LargeOnly(Method):
         return subject
 
 
+@dataclass
+class SmallVote:
+    """Self-consistency of the small model (parallel_probe's recorder, no probes) with the large model's calls reported as 0."""
+
+    settings: Any  # paretolab.plugins.parallel_probe.traces.RecordSettings
+
+    def generate(self, subject: Subject, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), ctx: TrialContext | None = None) -> Generation:
+        from paretolab.plugins.parallel_probe import BranchVoteGenerator
+
+        out = BranchVoteGenerator(self.settings).generate(subject, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids, ctx=ctx)
+        n = max(len(prompts), 1)
+        out.stats = {"traces_cached": out.stats.get("traces_cached", 0.0), "large_calls": 0.0, "large_tokens": 0.0, "large_calls_per_token": 0.0,
+                     "small_tokens": (out.tokens_total + sum(map(len, prompts))) / n}  # one prefill per question, shared by its branches
+        return out
+
+
+class SmallSelfConsistency(Method):
+    """The S2T paper's small-model baseline: majority vote over N sampled decodes of the small model, no large model."""
+
+    name = "s2t_self_consistency"
+    kind = "decoding"
+    paper = PAPER
+    cost_is = "real"
+    metrics = ("traces_cached", "large_calls", "large_tokens", "large_calls_per_token", "small_tokens")
+
+    def search_space(self) -> dict[str, Any]:
+        return {"n_branches": CategoricalDistribution([4, 8, 16])}
+
+    def defaults(self) -> dict[str, Any]:
+        return {"n_branches": 8, "temperature": 0.7, "top_p": 0.8, "seed": 0}  # the paper's SLM sampling (it adds top_k 20)
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        from paretolab.plugins.parallel_probe.traces import RecordSettings
+
+        p = {**self.defaults(), **params}
+        # probes every 10^6 tokens: never, so the recording is plain sampled decoding
+        settings = RecordSettings(n_branches=int(p["n_branches"]), temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                                  seed=int(p["seed"]), probe_grid=1_000_000)
+        subject.generator = SmallVote(settings)
+        return subject
+
+
 @hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
     register(SelectToThink())
     register(LargeOnly())
+    register(SmallSelfConsistency())
 
 
 @hookimpl

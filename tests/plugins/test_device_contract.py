@@ -23,6 +23,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "self_consistency": {"n_branches": 2, "questions_per_batch": 2},
     "select_to_think": {"large": "tiny-llama", "calib_examples": 2},
     "large_only": {"large": "tiny-llama"},
+    "s2t_self_consistency": {"n_branches": 2},
     "speculative": {"draft": "self", "k": 2, "skip": 1, "prompts": 1, "new_tokens": 4, "prompt_tokens": 16, **CALIB},
     "token_sparse_attention": {"window": 4, "min_tokens": 8, "kernel_size": 3},
     "kalman_attention": {"chunk": 4},

@@ -11,7 +11,7 @@ import torch
 from paretolab.errors import ConfigError
 from paretolab.generation import greedy_decode
 from paretolab.models import TinyLlama, byte_tokenizer
-from paretolab.plugins.select_to_think import LargeOnly, SelectToThink, check_shared_tokenizer, large_subject
+from paretolab.plugins.select_to_think import LargeOnly, SelectToThink, SmallSelfConsistency, check_shared_tokenizer, large_subject
 from paretolab.plugins.select_to_think.decode import S2TSettings, calibrate_threshold, large_only_decode, s2t_decode
 from paretolab.search import StagePlan
 from paretolab.subject import Subject
@@ -52,6 +52,21 @@ def _peaked(seed: int, layers: int) -> torch.nn.Module:
             if "norm" not in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     return model
+
+
+class TestSmallSelfConsistencyContract(MethodContract):
+    @pytest.fixture
+    def method(self):
+        return SmallSelfConsistency()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"n_branches": 2}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))  # self-consistency's recorded branches
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +165,7 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
         "large": StagePlan("stage0", "large_only", {"large": "tiny-llama"}),
         "s2t again": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 2}),
         "s2t k3": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 3}),
+        "vote": StagePlan("stage0", "s2t_self_consistency", {"n_branches": 3}),
     }
     metrics = {}
     for number, (name, plan) in enumerate(runs.items()):
@@ -166,3 +182,4 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
     counted = ("acc", "tokens_total", "large_calls", "large_tokens", "small_calls", "small_tokens", "trigger_rate", "flip_rate", "s2t_threshold")
     assert [metrics["s2t again"][k] for k in counted] == [s2t[k] for k in counted]
     assert metrics["s2t k3"]["decodes_replayed"] == 0
+    assert metrics["vote"]["large_calls"] == 0 and metrics["vote"]["tokens_total"] > metrics["small"]["tokens_total"]  # three sampled decodes
