@@ -75,8 +75,8 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 
 # The routing studies (issue 18): three models by role (layer-dropped SmolLM2, SmolLM2, Gemma-3-270M);
 # the first trial records their answers (~30-45 min on 2 CPU cores), every later trial replays them.
-ROUTING := sdr lazystack
-ROUTING_METRICS := acc,route_gflops,route_s,route_tokens,deferred_frac,models_per_q,route_auc,full_acc,retention,speedup,speedup_at_97,retention_at_97,model_calls
+ROUTING := sdr lazystack select_to_think
+ROUTING_METRICS := acc,route_gflops,route_s,route_tokens,deferred_frac,models_per_q,route_auc,full_acc,retention,speedup,speedup_at_97,retention_at_97,model_calls,large_calls,large_calls_per_token,trigger_rate,tokens_total
 results-routing: $(STAMP)  ## record the models' answers once, run the SDR and LazyStack studies and write pipelines/ROUTING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	$(BIN)/paretolab models pull gemma3-270m

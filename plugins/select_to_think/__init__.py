@@ -7,9 +7,11 @@ recovers most of what letting it *generate* (takeover at the same trigger points
 (the selection distilled into the small model) is not implemented here.
 
 The subject of a trial is the *small* model (e.g. SmolLM2-135M after a ``layerdrop`` stage, which keeps
-the tokenizer); ``large`` names the large model, loaded once per worker process and shared read-only by
-every trial in it (ours: a per-process cache until the multi-model platform lands). Pairs whose
-tokenizers differ are refused. The step loop, triggers, counting and calibration are in
+the tokenizer); ``large`` names the large model: a role of the pipeline's ``models:`` (loaded once per
+worker by the platform and shared read-only by its trials), else a model name loaded once per process
+(runs without ``models:``, such as the contract suite). Pairs whose tokenizers differ are refused. Each
+model's calls, tokens and seconds also go to the trial's cost ledger (``ctx.costs``, roles ``small`` and
+``large``; ``model_calls`` / ``model_tokens`` / ``model_s``), marked replayed when a decode was. The step loop, triggers, counting and calibration are in
 :mod:`paretolab.plugins.select_to_think.decode` (what is the paper's and what is ours is said there).
 
 Calibration (the paper's rule, our split): the trigger threshold is the ``quantile`` of the trigger
@@ -58,8 +60,11 @@ _CALIBRATION: dict[str, tuple[list[float], int]] = {}  # calibration key -> (tri
 _DECODED: dict[str, Decoded] = {}  # decode key -> its result: every decode here is deterministic, so a repeat is replayed
 
 
-def large_subject(name: str, device: torch.device) -> Subject:
-    """The large model ``name`` on ``device``, loaded on first use and kept for every later trial of this process."""
+def large_subject(name: str, device: torch.device, ctx: TrialContext | None = None) -> Subject:
+    """The large model: the pipeline's role ``name`` (``models:``, loaded once by the worker), else the model ``name``
+    loaded on first use and kept for every later trial of this process (runs without ``models:``, e.g. the contract)."""
+    if ctx is not None and name in ctx.models:
+        return ctx.models[name]
     key = (name, str(device))
     if key not in _LARGE:
         from paretolab.models import load_subject
@@ -96,7 +101,7 @@ class S2TGenerator:
     def generate(self, subject: Subject, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  stop_ids: Sequence[int] = (), ctx: TrialContext | None = None) -> Generation:
         needs_large = self.large_only or self.settings.trigger != "none"
-        large = large_subject(self.large, subject.device) if needs_large else None
+        large = large_subject(self.large, subject.device, ctx) if needs_large else None
         if large is not None:
             check_shared_tokenizer(subject, large)
         settings, calib_calls = self.settings, 0
@@ -117,6 +122,8 @@ class S2TGenerator:
             decoded.append(_DECODED[key])
         generation = _as_generation(decoded, settings.threshold, calib_calls)
         generation.stats["decodes_replayed"] = replayed / max(len(prompts), 1)
+        if ctx is not None:
+            _book(ctx, decoded, replayed=replayed > 0)
         return generation
 
     def _threshold(self, subject: Subject, large: Subject | None, max_new_tokens: int, stop_ids: Sequence[int],
@@ -164,6 +171,18 @@ def calibration_prompts(tokenizer: Any, ctx: TrialContext | None, n: int) -> lis
     shots, examples = task.examples(options)
     style = resolve_style(tokenizer, options.prompt)
     return [prompt_ids(tokenizer, ex, shots, style) for ex in examples]
+
+
+def _book(ctx: TrialContext, decoded: list[Decoded], *, replayed: bool) -> None:
+    """Record each model's calls, tokens and seconds in the trial's cost ledger (roles ``small`` and ``large``)."""
+    small = [d for d in decoded if d.small_calls]
+    large = [d for d in decoded if d.large_calls]
+    if small:
+        ctx.costs.add("small", calls=sum(d.small_calls for d in small), tokens=sum(d.small_tokens for d in small), replayed=replayed,
+                      seconds=sum(d.prefill_s + d.decode_s - d.large_s for d in small))
+    if large:
+        ctx.costs.add("large", calls=sum(d.large_calls for d in large), tokens=sum(d.large_tokens for d in large), replayed=replayed,
+                      seconds=sum(d.large_s for d in large))
 
 
 def _as_generation(decoded: list[Decoded], threshold: float, calib_calls: int) -> Generation:

@@ -33,6 +33,7 @@ import torch
 
 from paretolab.decoding import forward_with_cache
 from paretolab.errors import ConfigError
+from paretolab.subject import synchronize
 
 TRIGGERS = ("entropy", "kl", "always", "none")
 GUIDES = ("select", "takeover")
@@ -71,6 +72,7 @@ class Decoded:
     small_tokens: int = 0  # tokens those passes processed (prompt included)
     large_calls: int = 0
     large_tokens: int = 0
+    large_s: float = 0.0  # seconds in the large model's forward passes (part of prefill_s + decode_s)
     fired: int = 0  # steps at which the trigger fired
     flipped: int = 0  # fired steps whose token differs from the small model's greedy one
     scores: list[float] = field(default_factory=list)  # trigger score per step after warm-up (for calibration)
@@ -89,6 +91,7 @@ class LazyModel:
         self.logits: torch.Tensor | None = None  # (V,) after the last token fed
         self.calls = 0
         self.tokens = 0
+        self.seconds = 0.0
 
     def push(self, token: int) -> None:
         self.pending.append(token)
@@ -98,9 +101,12 @@ class LazyModel:
     def next_logits(self) -> torch.Tensor:
         """Next-token logits (V,) after every token pushed so far (one forward pass when any is unseen)."""
         if self.logits is None:
+            start = time.perf_counter()
             ids = torch.tensor([self.pending], dtype=torch.long, device=self.device)
             out, self.cache = forward_with_cache(self.model, ids, self.cache, last_only=True)
             self.logits = out[0, -1].float()
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - start
             self.calls += 1
             self.tokens += len(self.pending)
             self.pending = []
@@ -168,7 +174,7 @@ def s2t_decode(small: torch.nn.Module, large: torch.nn.Module | None, prompt: Se
         out.small_calls += 1
         out.small_tokens += 1
     if lazy is not None:
-        out.large_calls, out.large_tokens = lazy.calls, lazy.tokens
+        out.large_calls, out.large_tokens, out.large_s = lazy.calls, lazy.tokens, lazy.seconds
     out.prefill_s = (first_token_at or start) - start
     out.decode_s = time.perf_counter() - (first_token_at or start)
     return out
@@ -179,6 +185,7 @@ def large_only_decode(large: torch.nn.Module, prompt: Sequence[int], *, max_new_
     """Greedy decoding with the large model alone (the ``large only`` baseline), counted like S2T's large calls."""
     decoded = s2t_decode(large, None, prompt, S2TSettings(trigger="none"), max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     decoded.large_calls, decoded.large_tokens = decoded.small_calls, decoded.small_tokens
+    decoded.large_s = decoded.prefill_s + decoded.decode_s
     decoded.small_calls = decoded.small_tokens = 0
     return decoded
 

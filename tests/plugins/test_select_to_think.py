@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from paretolab.context import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import greedy_decode
 from paretolab.models import TinyLlama, byte_tokenizer
@@ -183,3 +185,18 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
     assert [metrics["s2t again"][k] for k in counted] == [s2t[k] for k in counted]
     assert metrics["s2t k3"]["decodes_replayed"] == 0
     assert metrics["vote"]["large_calls"] == 0 and metrics["vote"]["tokens_total"] > metrics["small"]["tokens_total"]  # three sampled decodes
+
+
+def test_the_pipelines_large_role_is_used_shared_and_costed_per_model(tiny) -> None:
+    large = TinyLlama(seed=2, layers=3).load()
+    settings = TrialSettings("s2t", "arithmetic", {"limit": 2, "max_new_tokens": 6, "shots": 1}, {}, seed=0)
+    plan = [StagePlan("stage0", "select_to_think", {**CHEAP, "large": "large", "trigger": "always", "guide": "takeover"})]
+    results = [run_trial(tiny, plan, settings, number=n, roles={"large": large}) for n in range(2)]
+    for result in results:
+        assert not result.failed, result.traceback
+        assert result.info["cost.large.calls"] == 2 * result.metrics["large_calls"] > 0  # two examples
+        assert result.info["cost.small.calls"] == 2 * result.metrics["small_calls"]
+        assert result.metrics["model_calls"] == result.info["cost.large.calls"] + result.info["cost.small.calls"]
+    assert results[0].info["cost.large.s_is"] == "measured" and results[1].info["cost.large.s_is"] == "replayed"
+    # the role is the worker's object itself: nothing is copied or reloaded per trial
+    assert large_subject("large", torch.device("cpu"), ctx=TrialContext(seed=0, workdir=Path("."), models={"large": large})) is large
