@@ -111,7 +111,7 @@ class S2TGenerator:
         fingerprint = _fingerprint(subject.model) if not self.large_only else ""
         decoded, replayed = [], 0
         for p in prompts:
-            key = _key([fingerprint, self.large if needs_large else "", self.large_only, repr(settings), list(p), max_new_tokens, sorted(stop_ids)])
+            key = _key([fingerprint, self.large if needs_large else "", self.large_only, repr(_decisive(settings)), list(p), max_new_tokens, sorted(stop_ids)])
             if key in _DECODED:
                 replayed += 1
             elif self.large_only and large is not None:
@@ -138,6 +138,13 @@ class S2TGenerator:
             _CALIBRATION[key] = ([s for r in runs for s in r.scores], sum(r.large_calls for r in runs))
         scores, calls = _CALIBRATION[key]
         return calibrate_threshold(scores, self.quantile), calls
+
+
+def _decisive(settings: S2TSettings) -> S2TSettings:
+    """The settings with those that cannot change the decode blanked: none never asks the large model; takeover ignores k."""
+    if settings.trigger == "none":
+        return S2TSettings(trigger="none")
+    return replace(settings, k=1) if settings.guide == "takeover" else settings
 
 
 def _fingerprint(model: torch.nn.Module) -> str:

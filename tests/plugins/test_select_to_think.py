@@ -168,6 +168,7 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
         "s2t again": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 2}),
         "s2t k3": StagePlan("stage0", "select_to_think", {**CHEAP, "k": 3}),
         "vote": StagePlan("stage0", "s2t_self_consistency", {"n_branches": 3}),
+        "small again": StagePlan("stage0", "select_to_think", {**CHEAP, "trigger": "none", "guide": "takeover", "k": 5}),
     }
     metrics = {}
     for number, (name, plan) in enumerate(runs.items()):
@@ -184,6 +185,7 @@ def test_trials_report_both_models_calls_and_large_only_calls_once_per_token(tin
     counted = ("acc", "tokens_total", "large_calls", "large_tokens", "small_calls", "small_tokens", "trigger_rate", "flip_rate", "s2t_threshold")
     assert [metrics["s2t again"][k] for k in counted] == [s2t[k] for k in counted]
     assert metrics["s2t k3"]["decodes_replayed"] == 0
+    assert metrics["small again"]["decodes_replayed"] == 1  # guide and k cannot change a decode that never asks the large model
     assert metrics["vote"]["large_calls"] == 0 and metrics["vote"]["tokens_total"] > metrics["small"]["tokens_total"]  # three sampled decodes
 
 
