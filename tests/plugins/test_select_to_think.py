@@ -202,3 +202,18 @@ def test_the_pipelines_large_role_is_used_shared_and_costed_per_model(tiny) -> N
     assert results[0].info["cost.large.s_is"] == "measured" and results[1].info["cost.large.s_is"] == "replayed"
     # the role is the worker's object itself: nothing is copied or reloaded per trial
     assert large_subject("large", torch.device("cpu"), ctx=TrialContext(seed=0, workdir=Path("."), models={"large": large})) is large
+
+
+def test_calibration_draws_other_problems_and_needs_a_seeded_task(tiny) -> None:
+    from paretolab.options import parse_options
+    from paretolab.plugins.select_to_think import calibration_prompts
+    from paretolab.tasks.generation import Arithmetic, prompt_ids
+
+    ctx = TrialContext(seed=0, workdir=Path("."), task={"name": "arithmetic", "level": 3, "limit": 4, "shots": 1})
+    task = Arithmetic()
+    shots, examples = task.examples(parse_options(task.options, {"level": 3, "limit": 4, "shots": 1}, where="task"))
+    evaluated = [prompt_ids(tiny.tokenizer, ex, shots, "fewshot") for ex in examples]
+    calibration = calibration_prompts(tiny.tokenizer, ctx, 4)
+    assert len(calibration) == 4 and calibration != evaluated
+    with pytest.raises(ConfigError, match="threshold"):
+        calibration_prompts(tiny.tokenizer, TrialContext(seed=0, workdir=Path("."), task={"name": "gsm8k"}), 4)
