@@ -104,14 +104,15 @@ class S2TGenerator:
         large = large_subject(self.large, subject.device, ctx) if needs_large else None
         if large is not None:
             check_shared_tokenizer(subject, large)
+        fingerprint = _fingerprint(subject.model) if not self.large_only else ""
+        large_id = f"{large.model_name}@{id(large.model)}" if large is not None else ""  # the process's one copy of that model
         settings, calib_calls = self.settings, 0
         if self.calibrate and settings.trigger in ("entropy", "kl") and not self.large_only:
-            threshold, calib_calls = self._threshold(subject, large, max_new_tokens, stop_ids, ctx)
+            threshold, calib_calls = self._threshold(subject, large, fingerprint, large_id, max_new_tokens, stop_ids, ctx)
             settings = replace(settings, threshold=threshold)
-        fingerprint = _fingerprint(subject.model) if not self.large_only else ""
         decoded, replayed = [], 0
         for p in prompts:
-            key = _key([fingerprint, self.large if needs_large else "", self.large_only, repr(_decisive(settings)), list(p), max_new_tokens, sorted(stop_ids)])
+            key = _key([fingerprint, large_id, self.large_only, repr(_decisive(settings)), list(p), max_new_tokens, sorted(stop_ids)])
             if key in _DECODED:
                 replayed += 1
             elif self.large_only and large is not None:
@@ -126,12 +127,12 @@ class S2TGenerator:
             _book(ctx, decoded, replayed=replayed > 0)
         return generation
 
-    def _threshold(self, subject: Subject, large: Subject | None, max_new_tokens: int, stop_ids: Sequence[int],
-                   ctx: TrialContext | None) -> tuple[float, int]:
+    def _threshold(self, subject: Subject, large: Subject | None, fingerprint: str, large_id: str, max_new_tokens: int,
+                   stop_ids: Sequence[int], ctx: TrialContext | None) -> tuple[float, int]:
         """The calibrated threshold and the large calls calibration costs (its scores cached per process; the quantile is not in the key)."""
         prompts = calibration_prompts(subject.tokenizer, ctx, self.calib_examples)
         probe = S2TSettings(trigger=self.settings.trigger, support=self.settings.support, warmup=self.settings.warmup)  # never fires
-        key = _key([_fingerprint(subject.model), self.large, repr(probe), prompts, sorted(stop_ids), max_new_tokens])
+        key = _key([fingerprint, large_id if probe.scores_need_large else "", repr(probe), prompts, sorted(stop_ids), max_new_tokens])
         if key not in _CALIBRATION:
             runs = [s2t_decode(subject.model, large.model if large is not None else None, p, probe,
                                max_new_tokens=max_new_tokens, stop_ids=stop_ids) for p in prompts]
