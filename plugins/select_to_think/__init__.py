@@ -319,6 +319,14 @@ def register_methods(register: Callable[[Method], None]) -> None:
 
 
 @hookimpl
+def register_models(register: Callable[[Any], None]) -> None:
+    """``smollm2-135m-drop2``: S2T's small model, SmolLM2-135M minus its 2 lowest block-influence layers (same tokenizer)."""
+    from paretolab.plugins.routing.models import LayerDroppedSmolLM2
+
+    register(LayerDroppedSmolLM2(2))
+
+
+@hookimpl
 def register_metrics(register: Callable[[Metric], None]) -> None:
     register(Metric("large_calls", "calls", "minimize", "routing: forward passes of the large model per example (a catch-up over several tokens is one)"))
     register(Metric("large_tokens", "tokens", "minimize", "routing: tokens the large model processed per example, prompt included"))
