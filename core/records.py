@@ -51,3 +51,5 @@ class TrialSettings:
     seed: int
     cpus: float = 0.0  # resources.cpus: the threads a timing may use (0: leave torch's setting)
     timeout_s: float = 0.0  # search.trial_timeout_s (0: none): a training stage stops in time for the trial to finish
+    models: dict[str, str] = field(default_factory=dict)  # the pipeline's `models:`, role -> model name (loaded once per worker)
+    prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (simulated cost)

@@ -97,6 +97,8 @@ class StudySpec:
     measures: dict[str, dict[str, Any]] | None = None  # None: the default measures
     claim: Claim | None = None  # what the study is to check; `paretolab report` gives its verdict
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    models: dict[str, str] = field(default_factory=dict)  # `models:` by role, loaded once per worker (see paretolab.routing)
+    prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (a simulated cost)
 
     def pipeline_hash(self) -> str:
         """Identity of what decides the study's results: not its description, resources, trial count or timeout."""
@@ -122,7 +124,7 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
-TOP_KEYS = ("name", "model", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "frontiers")
+TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "frontiers")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -200,6 +202,9 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         raise ConfigError(f"name: {name!r} must start with a letter or digit and use only letters, digits, _ . -")
     if not isinstance(raw.get("description", ""), str):
         raise ConfigError(f"description: expected text, got {type(raw['description']).__name__}; write it as one string")
+    models, prices = parse_models(raw.get("models"))
+    if "model" not in raw and models:  # the subject of the trials: the small role's model, else the first role's
+        raw = {**raw, "model": models.get("small", next(iter(models.values())))}
     model = _require(raw, "model", str, "")
     from paretolab.models import check_model_name
 
@@ -251,7 +256,43 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         measures=measures,
         claim=claim,
         raw=raw,
+        models=models,
+        prices=prices,
     )
+
+
+ROLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def parse_models(raw: Any) -> tuple[dict[str, str], dict[str, float]]:
+    """``models: {small: NAME, large: {name: NAME, price_per_token: 2e-6}}`` -> (role -> model, role -> price)."""
+    from paretolab.models import check_model_name
+
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"models: expected a mapping of roles to model names (e.g. {{small: smollm2-135m, large: gemma3-270m}}), got {raw!r}")
+    models: dict[str, str] = {}
+    prices: dict[str, float] = {}
+    for role, entry in raw.items():
+        where = f"models.{role}"
+        if not isinstance(role, str) or not ROLE_RE.match(role):
+            raise ConfigError(f"{where}: a role is a lower-case name (letters, digits, _), got {role!r}")
+        if isinstance(entry, dict):
+            _no_unknown(entry, ("name", "price_per_token"), where + ".")
+            name = _require(entry, "name", str, where + ".")
+            if "price_per_token" in entry:
+                price = entry["price_per_token"]
+                if isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price < 0:
+                    raise ConfigError(f"{where}.price_per_token: expected a number >= 0, got {price!r}")
+                prices[role] = float(price)
+        elif isinstance(entry, str) and entry.strip():
+            name = entry
+        else:
+            raise ConfigError(f"{where}: expected a model name or {{name: ..., price_per_token: ...}}, got {entry!r}")
+        check_model_name(name)
+        models[role] = name
+    return models, prices
 
 
 def _parse_stage(raw: Any, index: int, regs: Any) -> Stage:

@@ -148,7 +148,7 @@ def _drive(
 
     _init_ray(address)
     settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
-                             timeout_s=spec.search.trial_timeout_s)
+                             timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
     pool = WorkerPool(spec.model, settings, spec.resources)
     n_workers = pool.size_for(target - done)
     shown = stores.redacted()

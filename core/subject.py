@@ -45,7 +45,9 @@ class Subject:
       or the model's attention modules for prefill;
     - tokenizer methods replace ``tokenizer`` (and must keep its ids identical or say so);
     - training/architecture methods change ``model`` before a ``train`` stage, or attach hooks to
-      ``training`` (see :mod:`paretolab.training.hooks`) for what happens during it.
+      ``training`` (see :mod:`paretolab.training.hooks`) for what happens during it;
+    - routing methods set ``router`` (a policy choosing which of the pipeline's role models answer,
+      see :mod:`paretolab.plugins.routing`); the models themselves stay shared and unchanged.
     ``info`` carries facts a method wants reported (e.g. ``bits_per_weight``);
     ``cost_is`` lists which methods' savings are simulated.
     """
@@ -63,6 +65,7 @@ class Subject:
     pristine_tokenizer: Any = field(default=None, repr=False, compare=False)  # kept by a base subject to undo in-place changes
     # paretolab.training.hooks.Training: hooks training-time methods attached, tokens/FLOPs trained, the curve (None: never trained here)
     training: Any = None
+    router: Any = None  # a routing method's policy over the role models (None: the subject's own model answers)
 
     def storage_of(self, param_name: str) -> TensorStorage:
         """How parameter ``param_name`` is stored (dense in its dtype unless a method said otherwise)."""
@@ -112,6 +115,7 @@ class Subject:
             info=copy.deepcopy(self.info),
             simulated_by=list(self.simulated_by),
             training=copy.deepcopy(self.training),
+            router=copy.deepcopy(self.router),
         )
         for name in storage:
             owner = twin._owner(name) if name in self.storage_owner else None

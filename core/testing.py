@@ -75,7 +75,8 @@ def observable_state(subject: Subject) -> tuple[Any, ...]:
     config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
     modules = tuple(type(m).__name__ for m in subject.model.modules())
     hooks = tuple((type(h).__name__, h.method) for h in subject.training.hooks) if subject.training is not None else ()
-    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks)
+    router = id(subject.router) if subject.router is not None else None
+    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, router)
 
 
 # factory functions that make a tensor from nothing: where it lives is the caller's choice
@@ -123,7 +124,22 @@ def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None
     settings = [TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, measures, seed=0)]
     if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
         settings.append(TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, measures, seed=0))
+    if method.kind == "routing":  # a routing method also routes a generated question set among contract_roles' models
+        settings.append(TrialSettings("contract", "mc_routing", ROUTING_TASK, measures, seed=0))
     return settings
+
+
+ROUTING_TASK = {"datasets": "builtin", "limit": 24}
+
+
+def contract_roles(method: Method, subject: Subject) -> dict[str, Subject]:
+    """The role models a routing method is checked among: the subject as ``small`` and two other tiny random Llamas."""
+    if method.kind != "routing":
+        return {}
+    from paretolab.models import TinyLlama
+
+    return {"small": subject, "medium": TinyLlama(seed=1, layers=2).load().to(subject.device),
+            "large": TinyLlama(seed=2, layers=3).load().to(subject.device)}
 
 
 @contextmanager
@@ -145,9 +161,10 @@ def check_tensor_devices(method: Method, subject: Subject, params: dict[str, Any
     from paretolab.search import StagePlan
     from paretolab.trial import run_trial
 
+    roles = contract_roles(method, subject)
     for number, settings in enumerate(contract_settings(method, {})):
         with tensors_default_to("meta"), _env(PARETOLAB_RECORD_ANEW="1"):  # cached decodes would hide the code
-            result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=number)
+            result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=number, roles=roles)
         assert not result.failed, (
             f"{method.name} under task {settings.task!r}: a tensor was made without device=: "
             f"{result.error}\n{result.traceback}"
@@ -228,6 +245,12 @@ class MethodContract:
             result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=1)
             assert not result.failed, result.traceback
             assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["tokens_total"] > 0
+        if method.kind == "routing":  # a routing method routes questions among several models and accounts for each
+            settings = TrialSettings("contract", "mc_routing", ROUTING_TASK, {"params": {}}, seed=0)
+            result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=2, roles=contract_roles(method, subject))
+            assert not result.failed, result.traceback
+            assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["model_calls"] > 0
+            assert all(result.info[f"cost.{role}.s_is"] == "replayed" for role in ("small", "medium", "large"))
 
     def test_makes_tensors_on_the_model_device(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         check_tensor_devices(method, subject, params)

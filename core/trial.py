@@ -24,8 +24,14 @@ from paretolab.training.method import curve_history
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
 
-def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int) -> TrialResult:
-    """Run one trial to a result; every exception becomes a failed result with its traceback."""
+def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
+              roles: dict[str, Subject] | None = None) -> TrialResult:
+    """Run one trial to a result; every exception becomes a failed result with its traceback.
+
+    ``roles``: the pipeline's ``models:`` by role, loaded once by the worker and shared read-only (``ctx.models``).
+    """
+    from paretolab.costs import CostLedger
+
     from paretolab.plugin_manager import registries
 
     regs = registries()
@@ -47,6 +53,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             base=base,
             device=base.device,
             deadline=time.time() + settings.timeout_s if settings.timeout_s > 0 else None,
+            models=dict(roles or {}),
+            costs=CostLedger(dict(settings.prices)),
         )
         ctx.stage_s, ctx.stage_energy_j = result.stage_s, meter.joules  # live: measures read the stages finished before them
         try:
@@ -100,8 +108,10 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
                 meter.end("measure")
+            metrics.update(ctx.costs.metrics())
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
+            result.info.update(ctx.costs.info())
             result.info["energy_source"] = meter.source
             result.simulated_by = list(subject.simulated_by)
             result.history = curve_history(subject)

@@ -16,6 +16,10 @@ from paretolab.trial import TrialResult, TrialSettings, run_trial
 class TrialWorker:
     """Holds one base subject; ``run`` executes a trial plan on a private copy of it.
 
+    The pipeline's ``models:`` (``settings.models``, by role) are loaded here once, beside the base
+    (a role naming the base model shares the base itself), and handed to every trial read-only as
+    ``ctx.models``: no trial reloads or copies them.
+
     With ``gpus > 0`` the base model sits on the GPU Ray assigned (its only visible one), so every
     trial's copy, inputs, kernels and measures run there.
     """
@@ -25,6 +29,7 @@ class TrialWorker:
 
         self.settings = settings
         self.base = load_subject(model).to(trial_device(gpus))
+        self.roles = load_roles(settings.models, model, self.base)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.placement = {**_placement(), "device": str(self.base.device)}
 
@@ -32,10 +37,22 @@ class TrialWorker:
         return self.name
 
     def run(self, plan: list[StagePlan], number: int) -> TrialResult:
-        result = run_trial(self.base, plan, self.settings, number)
+        result = run_trial(self.base, plan, self.settings, number, roles=self.roles)
         result.worker = self.name
         result.info.update(self.placement)
         return result
+
+
+def load_roles(models: dict[str, str], base_name: str, base: Any) -> dict[str, Any]:
+    """Each role's Subject, loaded once on the base's device; a model named twice (or the base's) is loaded once."""
+    from paretolab.models import load_subject
+
+    loaded: dict[str, Any] = {base_name: base}
+    for name in models.values():
+        if name not in loaded:
+            loaded[name] = load_subject(name).to(base.device)
+            loaded[name].model.eval()
+    return {role: loaded[name] for role, name in models.items()}
 
 
 def _placement() -> dict[str, str]:

@@ -9,15 +9,12 @@ never been asked. Finished branches leave the batch.
 A recording is keyed by everything that changes it: the model's weights and config (a hash of
 every parameter), the prompt ids, the stop ids and token budget, N, the sampling settings and
 seed, the probe grid, cue ids and answer length, the questions per batch (batched float
-rounding), and the torch / transformers versions. Any change records anew.
+rounding), and the torch / transformers versions. Any change records anew. The store is
+:mod:`paretolab.recorded`, shared with the routing studies' recorded answers.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,7 +23,8 @@ from typing import Any
 
 import torch
 
-from paretolab.data import cache_dir
+from paretolab import recorded
+from paretolab.recorded import model_fingerprint, record_key, record_path  # noqa: F401  (model_fingerprint re-exported)
 from paretolab.decoding import BatchDecoder, Sampling, TokenChooser
 from paretolab.errors import ConfigError
 
@@ -83,24 +81,10 @@ class Recording:
         return cls(questions, data["cue_ids"], data["prefill_s"], data["decode_s"], data["probe_s"], data["tokens"])
 
 
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A hash of the model's config and every parameter and buffer (any weight change shows)."""
-    digest = hashlib.blake2b(digest_size=16)
-    config = getattr(model, "config", None)
-    digest.update(json.dumps(config.to_dict() if config is not None else {}, sort_keys=True, default=str).encode())
-    for name, tensor in model.state_dict().items():
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place, no copy
-    return digest.hexdigest()
-
-
 def trace_key(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, stop_ids: Sequence[int],
               probe_stop_ids: Sequence[int], cue_ids: Sequence[int], max_new_tokens: int, settings: RecordSettings) -> str:
     """The cache key of a recording: a hash over everything that changes the traces."""
-    import transformers
-
     material = {
-        "format": TRACE_FORMAT,
         "model": model_fingerprint(model),
         "prompts": [list(p) for p in prompts],
         "stop_ids": sorted(stop_ids),
@@ -108,33 +92,19 @@ def trace_key(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, stop_
         "cue_ids": list(cue_ids),
         "max_new_tokens": max_new_tokens,
         "settings": asdict(settings),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "device": str(next(model.parameters()).device.type),
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+    return record_key(material, code=TRACE_FORMAT)
 
 
 def trace_path(key: str) -> Path:
-    return cache_dir() / "traces" / f"{key}.json.gz"
+    return record_path("traces", key)
 
 
 def load_or_record(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, key: str, **kwargs: Any) -> tuple[Recording, bool]:
-    """The recording under ``key`` from the cache, else recorded now and stored; (recording, was_cached).
-
-    ``PARETOLAB_RECORD_ANEW=1`` ignores cached recordings (the contract's device check must decode).
-    """
-    path = trace_path(key)
-    if path.is_file() and not os.environ.get("PARETOLAB_RECORD_ANEW"):
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            return Recording.from_json(json.load(handle)), True
-    recording = record(model, prompts, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
-    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-        json.dump(recording.to_json(), handle)
-    tmp.replace(path)  # atomic: concurrent recorders of the same key write identical content
-    return recording, False
+    """The recording under ``key`` from the cache, else recorded now and stored; (recording, was_cached)."""
+    data, cached = recorded.load_or_record("traces", key, lambda: record(model, prompts, **kwargs).to_json())
+    return Recording.from_json(data), cached
 
 
 @torch.no_grad()
