@@ -202,7 +202,7 @@ class NumberHook(TrainingHook):
 
 
 class BitTokens(Method):
-    """Give the subject a number encoding (BitTokens or a digit baseline) and train it on numeric-train in the next train stage."""
+    """Give the subject BitTokens (one token per number, float64 bits in, a 64-bit head out); the next train stage learns numeric-train."""
 
     name = "bittokens"
     kind = "training"
@@ -211,19 +211,22 @@ class BitTokens(Method):
     metrics = tuple(m.name for m in METRICS)
 
     def search_space(self) -> dict[str, Any]:
-        return {"encoding": CategoricalDistribution(list(ENCODINGS))}
+        return {"reciprocal": CategoricalDistribution([False, True])}
 
     def defaults(self) -> dict[str, Any]:
-        return {"encoding": "bits", "reciprocal": False, "bit_weight": 1.0, "eval_problems": 400}
+        return {"reciprocal": False, "bit_weight": 1.0, "eval_problems": 400}
+
+    def encoding(self, params: dict[str, Any]) -> str:
+        return "bits"
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
-        encoding, reciprocal = str(p["encoding"]), bool(p["reciprocal"])
+        encoding, reciprocal = self.encoding(p), bool(p.get("reciprocal", False))
         vocab = vocabulary(encoding)
         model = subject.model
         rows, hidden = model.get_input_embeddings().weight.shape
         if len(vocab) > rows:
-            raise ConfigError(f"bittokens.encoding={encoding} needs {len(vocab)} token ids; {subject.model_name}'s vocabulary has {rows}: "
+            raise ConfigError(f"{self.name}: encoding {encoding} needs {len(vocab)} token ids; {subject.model_name}'s vocabulary has {rows}: "
                               "use a scratch-* model or another encoding")
         width = BITS * (2 if reciprocal else 1)
         if encoding == "bits" and hidden < width:
@@ -236,7 +239,7 @@ class BitTokens(Method):
                 model.number_head.weight.copy_(weight.to(device))
                 model.number_head.bias.zero_()
         subject.tokenizer = number_tokenizer(encoding)
-        training_of(subject).attach(NumberHook(encoding, reciprocal, float(p["bit_weight"])), method=self.name)
+        training_of(subject).attach(NumberHook(encoding, reciprocal, float(p.get("bit_weight", 1.0))), method=self.name)
         subject.info["bittokens"] = {"encoding": encoding, "reciprocal": reciprocal, "eval_problems": int(p["eval_problems"])}
         return subject
 
@@ -296,9 +299,29 @@ def _answer(model: torch.nn.Module, enc: Encoded, prompt: str, problem: Problem,
     return float(enc.tokenizer.decode(new) == problem.result)
 
 
+class DigitTokens(BitTokens):
+    """The baselines: numbers as digit tokens, one digit per token (group 1) or left-to-right groups of up to three (group 3)."""
+
+    name = "digit_tokens"
+    paper = Paper("Baseline: digit tokenizations of numbers (single digits as in LLaMA-1; up to three digits as in GPT-4 / Llama 3)", "", "")
+
+    def search_space(self) -> dict[str, Any]:
+        return {"group": CategoricalDistribution([1, 3])}
+
+    def defaults(self) -> dict[str, Any]:
+        return {"group": 1, "eval_problems": 400}
+
+    def encoding(self, params: dict[str, Any]) -> str:
+        group = int(params["group"])
+        if group not in (1, 3):
+            raise ConfigError(f"digit_tokens.group must be 1 or 3 (digits per token), got {params['group']!r}")
+        return "digit" if group == 1 else "digit3"
+
+
 @hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
     register(BitTokens())
+    register(DigitTokens())
 
 
 @hookimpl
