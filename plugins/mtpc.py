@@ -206,7 +206,7 @@ class MTPC(Method):
 
     def evaluate(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
         info = subject.info.get("mtpc")
-        return {"mtpc_heldout_nll": info["heldout_nll"], "mtpc_train_s": info["train_s"]} if info else {}
+        return {"mtpc_heldout_nll": info["heldout_nll"]} if info else {}
 
     def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
         info = subject.info.get("mtpc")
@@ -214,7 +214,7 @@ class MTPC(Method):
             return {}
         m = info["measure"]
         prompts = heldout_prompts(subject.tokenizer, corpus=str(m["prompt_corpus"]), n=int(m["prompts"]), length=int(m["prompt_tokens"]))
-        return compare_with_greedy(subject, prompts, int(m["new_tokens"]))
+        return {**compare_with_greedy(subject, prompts, int(m["new_tokens"])), "mtpc_train_s": info["train_s"]}
 
 
 def fit(heads: CircuitHeads, h: torch.Tensor, targets: torch.Tensor, unembed: torch.Tensor, *, steps: int, batch: int, lr: float,
