@@ -73,7 +73,7 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 
 # The encodings studies (issue 19): bittokens and mtpc here (pmatic and tabpack join this list);
 # mtpc's frozen model arith-sft-1m comes from pipelines/rl_warmstart.yaml, its EAGLE baseline from `draft train`.
-ENCODINGS := bittokens bittokens_long mtpc
+ENCODINGS := bittokens mtpc
 ENCODINGS_METRICS := exact_acc,exact_acc_add,exact_acc_mul,exact_acc_div,exact_acc_cmp,tokens_per_problem,val_loss,train_flops,train_s,mean_accepted_len,speedup_vs_greedy,spec_matches_greedy,spec_decode_tok_s,greedy_decode_tok_s,mtpc_heldout_nll,mtpc_train_s
 results-encodings: $(STAMP)  ## run the encodings pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/ENCODINGS.md
 	$(BIN)/paretolab draft train --model arith-sft-1m --corpus addition-train --budget-min 3 --tokens 16384 --seq-len 128 --no-progress
