@@ -43,7 +43,8 @@ SYNTHETIC_CORPORA: dict[str, str] = {"assoc-recall-train": "paretolab.tasks.asso
                                      "arith-train": "paretolab.tasks.arith_corpus", "arith-val": "paretolab.tasks.arith_corpus",
                                      "moe-mix-train": "paretolab.plugins.moe.corpus", "moe-mix-val": "paretolab.plugins.moe.corpus",
                                      "moe-mix-calib": "paretolab.plugins.moe.corpus",
-                                     "addition-train": "paretolab.training.arithmetic", "addition-val": "paretolab.training.arithmetic"}
+                                     "addition-train": "paretolab.training.arithmetic", "addition-val": "paretolab.training.arithmetic",
+                                     "numeric-train": "paretolab.training.arithmetic", "numeric-val": "paretolab.training.arithmetic"}
 BUILTIN_CORPORA = ("pydoc", *PYSTDLIB_CORPORA, *SYNTHETIC_CORPORA)  # built here: no data dir or network needed
 PYSTDLIB_VAL_PERCENT = 3  # a file is held out when sha256(its relative path) mod 100 < this
 # Left out: tests (code about code, much of it deliberately odd), IDLE, and pydoc_data (the

@@ -67,6 +67,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.costs",
     "paretolab.plugins.routing",
     "paretolab.plugins.select_to_think",
+    "paretolab.plugins.bittokens",
+    "paretolab.plugins.mtpc",
 )
 
 

@@ -13,6 +13,12 @@ only (``heldout_problems``). ``addition-val`` (other seed) is the corpus the tra
 reads. Corpora: ``addition-train`` (40,000 lines, seed 0, training pairs), ``addition-val`` (2,000 lines,
 seed 1, held-out pairs). The answer of a completion is read by the arithmetic task's rule (the last
 number in the text, :func:`paretolab.tasks.generation.extract_number`), cut at the first newline.
+
+Four operations with direct answers (no worked solution) make the ``numeric-train`` / ``numeric-val``
+corpora that compare number encodings (:mod:`paretolab.plugins.bittokens`): one ``a op b=answer`` per
+line, the op drawn uniformly from add ``47+38=85``, multiply ``47*38=1786``, exact divide
+``1786/38=47`` (divisor 1–99, quotient 0–99) and compare ``47?38=>`` (answer ``<``, ``=`` or ``>``).
+Held out the same way, by the sha256 of ``"a{op}b"`` (for ``+`` the very pairs held out above).
 """
 
 from __future__ import annotations
@@ -25,12 +31,15 @@ from paretolab.errors import ConfigError
 
 HELDOUT_MOD = 10
 CORPORA = {"addition-train": (40_000, 0, False), "addition-val": (2_000, 1, True)}  # name -> (lines, seed, held-out pairs)
+NUMERIC_CORPORA = {"numeric-train": (40_000, 0, False), "numeric-val": (2_000, 1, True)}  # four ops, direct answers
+OPS = {"add": "+", "mul": "*", "div": "/", "cmp": "?"}  # operation name -> its symbol in the text
 
 
 @dataclass(frozen=True)
 class Problem:
     a: int
     b: int
+    op: str = "+"  # a symbol of OPS; the worked solution exists for "+" only
 
     @property
     def prompt(self) -> str:
@@ -39,6 +48,19 @@ class Problem:
     @property
     def answer(self) -> int:
         return self.a + self.b
+
+    @property
+    def result(self) -> str:
+        """The exact answer as text: the number for + * /, and <, = or > for the compare op ``?``."""
+        a, b = self.a, self.b
+        if self.op == "?":
+            return "<" if a < b else ">" if a > b else "="
+        return str({"+": a + b, "*": a * b, "/": a // b if b else 0}[self.op])
+
+    @property
+    def line(self) -> str:
+        """The direct-answer line of the numeric corpora: ``a op b=result`` and a newline."""
+        return f"{self.a}{self.op}{self.b}={self.result}\n"
 
     @property
     def solution(self) -> str:
@@ -51,9 +73,9 @@ class Problem:
         return " " + ", ".join(steps) + f", answer {self.answer}"
 
 
-def is_heldout(a: int, b: int) -> bool:
-    """Whether the pair (a, b) belongs to the held-out evaluation pairs (fixed by a hash, not by chance)."""
-    return int(hashlib.sha256(f"{a}+{b}".encode()).hexdigest(), 16) % HELDOUT_MOD == 0
+def is_heldout(a: int, b: int, op: str = "+") -> bool:
+    """Whether the pair (a, b) belongs to the held-out evaluation pairs of ``op`` (fixed by a hash, not by chance)."""
+    return int(hashlib.sha256(f"{a}{op}{b}".encode()).hexdigest(), 16) % HELDOUT_MOD == 0
 
 
 def draw(rng: random.Random, *, heldout: bool) -> Problem:
@@ -70,6 +92,25 @@ def problems(n: int, seed: int, *, heldout: bool) -> list[Problem]:
     return [draw(rng, heldout=heldout) for _ in range(n)]
 
 
+def draw_numeric(rng: random.Random, *, heldout: bool) -> Problem:
+    """One four-op problem (op uniform; a divide's dividend is divisor × quotient) from the held-out or the training pairs."""
+    while True:
+        op = rng.choice(list(OPS.values()))
+        if op == "/":
+            b, q = rng.randint(1, 99), rng.randint(0, 99)
+            a = b * q
+        else:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+        if is_heldout(a, b, op) == heldout:
+            return Problem(a, b, op)
+
+
+def numeric_problems(n: int, seed: int, *, heldout: bool) -> list[Problem]:
+    """``n`` four-op problems drawn (with replacement) from ``random.Random(f"numeric-{seed}-...")``."""
+    rng = random.Random(f"numeric-{seed}-{'heldout' if heldout else 'train'}")
+    return [draw_numeric(rng, heldout=heldout) for _ in range(n)]
+
+
 def heldout_problems(n: int) -> list[Problem]:
     """The first ``n`` distinct held-out pairs in a fixed seeded order (the RL accuracy's evaluation set)."""
     pairs = [(a, b) for a in range(100) for b in range(100) if is_heldout(a, b)]
@@ -80,9 +121,12 @@ def heldout_problems(n: int) -> list[Problem]:
 
 
 def corpus_text(name: str) -> str:
-    """The text of ``addition-train`` / ``addition-val``: one worked problem per line."""
+    """The text of ``addition-train`` / ``addition-val`` (one worked problem per line) or ``numeric-train`` / ``numeric-val``."""
+    if name in NUMERIC_CORPORA:
+        lines, seed, heldout = NUMERIC_CORPORA[name]
+        return "".join(p.line for p in numeric_problems(lines, seed, heldout=heldout))
     if name not in CORPORA:
-        raise ConfigError(f"corpus {name!r} is not an arithmetic corpus ({', '.join(CORPORA)})")
+        raise ConfigError(f"corpus {name!r} is not an arithmetic corpus ({', '.join([*CORPORA, *NUMERIC_CORPORA])})")
     lines, seed, heldout = CORPORA[name]
     return "".join(p.prompt + p.solution + "\n" for p in problems(lines, seed, heldout=heldout))
 

@@ -37,6 +37,10 @@ CHEAP: dict[str, dict[str, Any]] = {
        for name in ("rfid_moe", "svd_moe", "puzzle_moe", "expert_drop", "expert_average", "msmoe")},
     "absmean_ternary": {"group_size": 32},
     "rl": {"steps": 1, "prompts": 1, "group": 2, "max_new_tokens": 3, "eval_problems": 2},
+    "bittokens": {"eval_problems": 4},
+    "digit_tokens": {"group": 1, "eval_problems": 4},  # tiny-llama's byte vocabulary is too small for group 3
+    "mtpc": {"steps": 1, "batch": 8, "gen_prompts": 1, "gen_prompt_tokens": 8, "gen_tokens": 8, "prompts": 1, "prompt_tokens": 8, "new_tokens": 4,
+             "k": 2, "states": 2, "distill_corpus": "numeric-val", "prompt_corpus": "numeric-val"},
     # a few steps on a small text that is not the task's pydoc corpus
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
 }
