@@ -49,6 +49,10 @@ class ModelSource:
     def check(self) -> None:
         """Raise ConfigError, naming the fix, when this machine cannot load the model (no weights are read)."""
 
+    def provenance_extra(self) -> dict[str, str]:
+        """Facts about where the weights came from that every trial reports (e.g. a checked sha256); default none."""
+        return {}
+
 
 def quality_note(model: str, pipeline: dict[str, Any] | None = None) -> str:
     """A one-line warning when a study's quality numbers on ``model`` are not meaningful; "" otherwise.
@@ -201,6 +205,10 @@ class Gemma3(SmolLM2):
         finally:
             gguf.unlink(missing_ok=True)
 
+    def provenance_extra(self) -> dict[str, str]:
+        record = json.loads((self.cache_path / "paretolab.json").read_text())
+        return {"source_sha256": str(record.get("sha256", "")), "quantization": str(record.get("quantization", ""))}
+
     def stored_bytes(self, subject: Subject) -> float:
         """The GGUF's tensor bytes (Q4_K_M blocks), as recorded at conversion."""
         record = json.loads((self.cache_path / "paretolab.json").read_text())
@@ -309,7 +317,8 @@ DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def provenance(source: ModelSource, subject: Subject) -> dict[str, Any]:
     """What every trial of this base reports: its weights, its stored bytes and its bytes in fp16."""
-    return {"weights": source.weights, "base_stored_bytes": source.stored_bytes(subject), "base_fp16_bytes": float(2 * _param_count(subject))}
+    return {"weights": source.weights, "base_stored_bytes": source.stored_bytes(subject), "base_fp16_bytes": float(2 * _param_count(subject)),
+            **source.provenance_extra()}
 
 
 def _param_count(subject: Subject) -> int:
