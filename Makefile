@@ -7,8 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing clean
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-encodings clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
