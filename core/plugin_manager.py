@@ -64,6 +64,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.stage_energy",
     "paretolab.training.rl",
     "paretolab.plugins.replay",
+    "paretolab.tasks.compression",
+    "paretolab.plugins.pmatic",
 )
 
 

@@ -75,7 +75,8 @@ def observable_state(subject: Subject) -> tuple[Any, ...]:
     config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
     modules = tuple(type(m).__name__ for m in subject.model.modules())
     hooks = tuple((type(h).__name__, h.method) for h in subject.training.hooks) if subject.training is not None else ()
-    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks)
+    info = tuple(sorted(k for k in subject.info if k in ("coder", "learner")))  # a coding or tabular method's choice
+    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, info)
 
 
 # factory functions that make a tensor from nothing: where it lives is the caller's choice
@@ -123,7 +124,12 @@ def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None
     settings = [TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, measures, seed=0)]
     if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
         settings.append(TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, measures, seed=0))
+    if method.kind == "coding":  # a coding method's coder runs under the compression task
+        settings.append(TrialSettings("contract", "compression", CODING_CONTRACT_TASK, measures, seed=0))
     return settings
+
+
+CODING_CONTRACT_TASK = {"n_texts": 1, "text_chars": 48}
 
 
 @contextmanager
@@ -228,6 +234,11 @@ class MethodContract:
             result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=1)
             assert not result.failed, result.traceback
             assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["tokens_total"] > 0
+        if method.kind == "coding":  # its coder compresses and decodes back exactly (the params' own mismatch aside)
+            settings = TrialSettings("contract", "compression", CODING_CONTRACT_TASK, {"params": {}}, seed=0)
+            result = run_trial(subject, [StagePlan("stage0", method.name, {**dict(params), **({"mismatch": "none"} if "mismatch" in params else {})})], settings, number=2)
+            assert not result.failed, result.traceback
+            assert result.metrics["decode_ok"] == 1.0 and result.metrics["bpb"] > 0
 
     def test_makes_tensors_on_the_model_device(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         check_tensor_devices(method, subject, params)
