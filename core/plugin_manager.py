@@ -66,6 +66,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.replay",
     "paretolab.tasks.compression",
     "paretolab.plugins.pmatic",
+    "paretolab.tasks.tabular",
+    "paretolab.plugins.tabpack",
 )
 
 
