@@ -100,9 +100,10 @@ class TabMLearner:
         import tabm
 
         d_out = 1 if data.regression else data.n_classes
-        with torch.random.fork_rng(devices=[]):  # tabm initialises from torch's global RNG: seed a private fork of it
+        # tabm initialises from torch's global RNG and default device: seed a private fork, build on the subject's device
+        with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(seed)
-            model = tabm.TabM.make(n_num_features=data.x["train"].shape[1], d_out=d_out, k=self.k, n_blocks=2, d_block=128).to(device)
+            model = tabm.TabM.make(n_num_features=data.x["train"].shape[1], d_out=d_out, k=self.k, n_blocks=2, d_block=128)
         opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         x = {s: torch.tensor(v, device=device) for s, v in data.x.items()}
         y = {s: torch.tensor(v, device=device) for s, v in data.y.items()}
