@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-encodings clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 	$(BIN)/paretolab models pull tiny-moe
 	for p in $(MOE); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(MOE) --trials all --metrics $(MOE_METRICS) --output pipelines/MOE.md
+
+ENCODINGS := pmatic pmatic_cost tabpack
+ENCODINGS_METRICS := bpb,bpb_ci_low,bpb_ci_high,decode_ok,helper_bpb,logit_mismatch,compress_s,decompress_s,acc,log_loss,log_loss_ci_low,log_loss_ci_high,rmse,fit_flops,train_cpu_s,fit_s,models_trained,ensemble_size
+results-encodings: $(STAMP)  ## run the encodings pipelines (PMATIC compression, TabPack, ...) into PARETOLAB_HOME and write pipelines/ENCODINGS.md
+	for p in $(ENCODINGS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(ENCODINGS) --trials all --metrics $(ENCODINGS_METRICS) --output pipelines/ENCODINGS.md
 
 clean:
 	rm -rf $(VENV) .paretolab build *.egg-info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,11 +18,14 @@ class TabPackLearner:
     """``members`` MLPs with sampled hyperparameters in one pack, one run; the greedy ensemble is rebuilt at every evaluation."""
 
     members: int = 16
+    seed: int | None = None  # a pipeline's seed parameter (pairs trials across learners); None: the trial's seed
     epochs: int = 40
     patience: int = 4
-    batch: int = 256
+    batch: int = 512
+    max_s: float = 420.0  # wall-clock cap on the fit (a trial must end within 10 min on a shared machine)
 
     def fit_predict(self, data: TabularData, *, seed: int, device: torch.device) -> Fit:
+        seed = seed if self.seed is None else self.seed
         configs = sample_configs(self.members, np.random.default_rng(seed))
         chosen: list[int] = []
 
@@ -30,9 +34,10 @@ class TabPackLearner:
             picks = greedy_ensemble([run.val_pred[i] for i in ready], data.y["val"], data.regression)  # type: ignore[misc]
             chosen[:] = [ready[i] for i in picks]
 
-        run = train_pack(configs, data, seed=seed, device=device, epochs=self.epochs, patience=self.patience, batch=self.batch, on_eval=online)
+        run = train_pack(configs, data, seed=seed, device=device, epochs=self.epochs, patience=self.patience, batch=self.batch,
+                         on_eval=online, deadline=time.monotonic() + self.max_s)
         test = average(run.test_pred, chosen)  # type: ignore[arg-type]
-        return Fit(test, run.flops, self.members, len(set(chosen)), {"epochs_run": float(len(run.history))})
+        return Fit(test, run.flops, self.members, len(set(chosen)), {"epochs_run": float(len(run.history)), "time_capped": float(run.capped)})
 
 
 @dataclass(frozen=True)
@@ -40,17 +45,23 @@ class TunedMLPLearner:
     """Optuna TPE over the same MLP space, one model per trial (each early-stopped), then a greedy ensemble over all trials."""
 
     trials: int = 32
+    seed: int | None = None
     epochs: int = 40
     patience: int = 4
-    batch: int = 256
+    batch: int = 512
+    max_s: float = 420.0  # wall-clock cap on the fit (a trial must end within 10 min on a shared machine)
 
     def fit_predict(self, data: TabularData, *, seed: int, device: torch.device) -> Fit:
+        seed = seed if self.seed is None else self.seed
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-        val_preds, test_preds, flops = [], [], 0.0
+        val_preds, test_preds, flops, deadline, capped = [], [], 0.0, time.monotonic() + self.max_s, False
         for number in range(self.trials):
+            if time.monotonic() > deadline:  # the tuning budget is spent: ensemble the trials done
+                capped = True
+                break
             trial = study.ask()
             config = MemberConfig(
                 width=trial.suggest_categorical("width", [32, 64, 128]),
@@ -59,13 +70,14 @@ class TunedMLPLearner:
                 lr=trial.suggest_float("lr", 3e-4, 3e-3, log=True),
                 weight_decay=trial.suggest_float("weight_decay", 1e-6, 1e-3, log=True),
             )
-            run = train_pack([config], data, seed=seed * 1000 + number, device=device, epochs=self.epochs, patience=self.patience, batch=self.batch)
+            run = train_pack([config], data, seed=seed * 1000 + number, device=device, epochs=self.epochs, patience=self.patience, batch=self.batch, deadline=deadline)
+            capped = capped or run.capped
             study.tell(trial, float(run.best_val_loss[0]))
             val_preds.append(run.val_pred[0])
             test_preds.append(run.test_pred[0])
             flops += run.flops
         chosen = greedy_ensemble(val_preds, data.y["val"], data.regression)
-        return Fit(average(test_preds, chosen), flops, self.trials, len(set(chosen)))
+        return Fit(average(test_preds, chosen), flops, len(val_preds), len(set(chosen)), {"time_capped": float(capped)})
 
 
 @dataclass(frozen=True)
@@ -73,9 +85,11 @@ class HGBLearner:
     """scikit-learn HistGradientBoosting, early-stopped on the validation split (no FLOPs: CPU seconds only)."""
 
     max_iter: int = 500
+    seed: int | None = None
     learning_rate: float = 0.1
 
     def fit_predict(self, data: TabularData, *, seed: int, device: torch.device) -> Fit:
+        seed = seed if self.seed is None else self.seed
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
         cls = HistGradientBoostingRegressor if data.regression else HistGradientBoostingClassifier
@@ -90,13 +104,16 @@ class TabMLearner:
     """TabM (Gorishniy et al., ICLR 2025; the ``tabm`` package): k weight-sharing MLP heads, mean of their predictions."""
 
     k: int = 16
+    seed: int | None = None
     epochs: int = 40
     patience: int = 4
-    batch: int = 256
+    batch: int = 512
+    max_s: float = 420.0  # wall-clock cap on the fit (a trial must end within 10 min on a shared machine)
     lr: float = 2e-3
     weight_decay: float = 3e-4
 
     def fit_predict(self, data: TabularData, *, seed: int, device: torch.device) -> Fit:
+        seed = seed if self.seed is None else self.seed
         import tabm
 
         d_out = 1 if data.regression else data.n_classes
@@ -111,6 +128,7 @@ class TabMLearner:
         per_row = 2.0 * sum(p.numel() for p in model.parameters()) * self.k
         gen = torch.Generator(device=device).manual_seed(seed)
         best, bad, best_test, flops, n = np.inf, 0, None, 0.0, x["train"].shape[0]
+        deadline, capped = time.monotonic() + self.max_s, False
         for _epoch in range(self.epochs):
             model.train()
             for idx in torch.randperm(n, device=device, generator=gen).split(self.batch):
@@ -131,7 +149,10 @@ class TabMLearner:
                     bad += 1
             if bad >= self.patience:
                 break
-        return Fit(best_test, flops, 1, 1)  # type: ignore[arg-type]
+            if time.monotonic() > deadline:
+                capped = True
+                break
+        return Fit(best_test, flops, 1, 1, {"time_capped": float(capped)})  # type: ignore[arg-type]
 
 
 def _head_loss(out: torch.Tensor, y: torch.Tensor, regression: bool) -> torch.Tensor:

@@ -13,6 +13,7 @@ numerical embeddings), FLOPs counted analytically for the padded shapes that rea
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -139,6 +140,7 @@ class PackRun:
     updates: np.ndarray  # optimiser steps each member took before it left the pack (or the run ended)
     stopped_at: np.ndarray  # epoch after which a member left the pack (-1: still in at the end)
     flops: float = 0.0
+    capped: bool = False  # the wall-clock cap ended training before every member stopped
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -164,8 +166,12 @@ def train_pack(
     patience: int = 4,
     batch: int = 256,
     on_eval: Callable[[PackRun, int], None] | None = None,
+    deadline: float | None = None,
 ) -> PackRun:
-    """Train every member on the same batches; a member leaves after ``patience`` evaluations without a better val loss."""
+    """Train every member on the same batches; a member leaves after ``patience`` evaluations without a better val loss.
+
+    ``deadline`` (a time.monotonic() value) ends the run after the evaluation that passes it (``run.capped``).
+    """
     gen = torch.Generator(device=device).manual_seed(seed)
     x = {k: torch.tensor(v, device=device) for k, v in data.x.items()}
     y = {k: torch.tensor(v, device=device) for k, v in data.y.items()}
@@ -204,6 +210,9 @@ def train_pack(
         run.history.append({"epoch": float(epoch), "active": float(len(active)), "best_val_loss": float(np.min(run.best_val_loss))})
         if on_eval is not None:
             on_eval(run, epoch)
+        if deadline is not None and time.monotonic() > deadline:
+            run.capped = True
+            break
         if leaving.any():
             stay = np.nonzero(~leaving)[0]
             if len(stay) == 0:
