@@ -71,8 +71,8 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 	for p in $(MOE); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(MOE) --trials all --metrics $(MOE_METRICS) --output pipelines/MOE.md
 
-ENCODINGS := pmatic pmatic_cost tabpack
-ENCODINGS_METRICS := bpb,bpb_ci_low,bpb_ci_high,decode_ok,helper_bpb,logit_mismatch,compress_s,decompress_s,acc,log_loss,log_loss_ci_low,log_loss_ci_high,rmse,fit_flops,train_cpu_s,fit_s,models_trained,ensemble_size
+ENCODINGS := bittokens bittokens_long mtpc pmatic pmatic_cost tabpack
+ENCODINGS_METRICS := exact_acc,exact_acc_add,exact_acc_mul,exact_acc_div,exact_acc_cmp,tokens_per_problem,val_loss,train_flops,train_s,mean_accepted_len,speedup_vs_greedy,spec_matches_greedy,spec_decode_tok_s,greedy_decode_tok_s,mtpc_heldout_nll,mtpc_train_s,bpb,bpb_ci_low,bpb_ci_high,decode_ok,helper_bpb,logit_mismatch,compress_s,decompress_s,acc,log_loss,log_loss_ci_low,log_loss_ci_high,rmse,fit_flops,train_cpu_s,fit_s,models_trained,ensemble_size
 results-encodings: $(STAMP)  ## run the encodings pipelines (PMATIC compression, TabPack, ...) into PARETOLAB_HOME and write pipelines/ENCODINGS.md
 	for p in $(ENCODINGS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(ENCODINGS) --trials all --metrics $(ENCODINGS_METRICS) --output pipelines/ENCODINGS.md
