@@ -82,11 +82,12 @@ results-routing: $(STAMP)  ## record the models' answers once, run the SDR and L
 	$(BIN)/paretolab models pull gemma3-270m
 	for p in $(ROUTING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(ROUTING) --trials all --metrics $(ROUTING_METRICS) --output pipelines/ROUTING.md
-# The encodings studies (issue 19): bittokens and mtpc here (pmatic and tabpack join this list);
-# mtpc's frozen model arith-sft-1m comes from pipelines/rl_warmstart.yaml, its EAGLE baseline from `draft train`.
-ENCODINGS := bittokens mtpc
-ENCODINGS_METRICS := exact_acc,exact_acc_add,exact_acc_mul,exact_acc_div,exact_acc_cmp,tokens_per_problem,val_loss,train_flops,train_s,mean_accepted_len,speedup_vs_greedy,spec_matches_greedy,spec_decode_tok_s,greedy_decode_tok_s,mtpc_heldout_nll,mtpc_train_s
-results-encodings: $(STAMP)  ## run the encodings pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/ENCODINGS.md
+
+# The encodings studies (issue 19): BitTokens, MTPC, PMATIC, TabPack. mtpc's frozen model arith-sft-1m comes from
+# pipelines/rl_warmstart.yaml, its EAGLE baseline from `draft train`.
+ENCODINGS := bittokens mtpc pmatic pmatic_cost tabpack
+ENCODINGS_METRICS := exact_acc,exact_acc_add,exact_acc_mul,exact_acc_div,exact_acc_cmp,tokens_per_problem,val_loss,train_flops,train_s,mean_accepted_len,speedup_vs_greedy,spec_matches_greedy,spec_decode_tok_s,greedy_decode_tok_s,mtpc_heldout_nll,mtpc_train_s,bpb,bpb_ci_low,bpb_ci_high,decode_ok,helper_bpb,logit_mismatch,compress_s,decompress_s,acc,log_loss,log_loss_ci_low,log_loss_ci_high,rmse,fit_flops,train_cpu_s,fit_s,models_trained,ensemble_size
+results-encodings: $(STAMP)  ## run the encodings pipelines (BitTokens, MTPC, PMATIC, TabPack; each trial <= 10 min on 2 CPU cores) and write pipelines/ENCODINGS.md
 	$(BIN)/paretolab draft train --model arith-sft-1m --corpus addition-train --budget-min 3 --tokens 16384 --seq-len 128 --no-progress
 	for p in $(ENCODINGS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(ENCODINGS) --trials all --metrics $(ENCODINGS_METRICS) --output pipelines/ENCODINGS.md

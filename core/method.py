@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from paretolab.context import TrialContext
     from paretolab.subject import Subject
 
-KINDS = ("weights", "decoding", "tokenizer", "training", "architecture", "routing")
+KINDS = ("weights", "decoding", "tokenizer", "training", "architecture", "routing", "coding", "tabular")
 COST_KINDS = ("real", "simulated")
 
 

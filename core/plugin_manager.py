@@ -69,6 +69,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.select_to_think",
     "paretolab.plugins.bittokens",
     "paretolab.plugins.mtpc",
+    "paretolab.tasks.compression",
+    "paretolab.plugins.pmatic",
+    "paretolab.tasks.tabular",
+    "paretolab.plugins.tabpack",
 )
 
 

@@ -76,7 +76,8 @@ def observable_state(subject: Subject) -> tuple[Any, ...]:
     modules = tuple(type(m).__name__ for m in subject.model.modules())
     hooks = tuple((type(h).__name__, h.method) for h in subject.training.hooks) if subject.training is not None else ()
     router = id(subject.router) if subject.router is not None else None
-    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, router)
+    info = tuple(sorted(k for k in subject.info if k in ("coder", "learner")))  # a coding or tabular method's choice
+    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, router, info)
 
 
 # factory functions that make a tensor from nothing: where it lives is the caller's choice
@@ -121,11 +122,15 @@ def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None
     """The trial settings the contract runs a method under: perplexity, and a generation task for decoding methods."""
     from paretolab.trial import TrialSettings
 
+    if method.kind == "tabular":  # no language model: only the tabular task runs
+        return [TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, measures, seed=0)]
     settings = [TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, measures, seed=0)]
     if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
         settings.append(TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, measures, seed=0))
     if method.kind == "routing":  # a routing method also routes a generated question set among contract_roles' models
         settings.append(TrialSettings("contract", "mc_routing", ROUTING_TASK, measures, seed=0))
+    if method.kind == "coding":  # a coding method's coder runs under the compression task
+        settings.append(TrialSettings("contract", "compression", CODING_CONTRACT_TASK, measures, seed=0))
     return settings
 
 
@@ -140,6 +145,10 @@ def contract_roles(method: Method, subject: Subject) -> dict[str, Subject]:
 
     return {"small": subject, "medium": TinyLlama(seed=1, layers=2).load().to(subject.device),
             "large": TinyLlama(seed=2, layers=3).load().to(subject.device)}
+
+
+CODING_CONTRACT_TASK = {"n_texts": 1, "text_chars": 48}
+TABULAR_CONTRACT_TASK = {"dataset": "synth-class", "rows": 400}
 
 
 @contextmanager
@@ -251,6 +260,11 @@ class MethodContract:
             assert not result.failed, result.traceback
             assert 0.0 <= result.metrics["acc"] <= 1.0 and result.metrics["model_calls"] > 0
             assert all(result.info[f"cost.{role}.s_is"] == "replayed" for role in ("small", "medium", "large"))
+        if method.kind == "coding":  # its coder compresses and decodes back exactly (the params' own mismatch aside)
+            settings = TrialSettings("contract", "compression", CODING_CONTRACT_TASK, {"params": {}}, seed=0)
+            result = run_trial(subject, [StagePlan("stage0", method.name, {**dict(params), **({"mismatch": "none"} if "mismatch" in params else {})})], settings, number=2)
+            assert not result.failed, result.traceback
+            assert result.metrics["decode_ok"] == 1.0 and result.metrics["bpb"] > 0
 
     def test_makes_tensors_on_the_model_device(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         check_tensor_devices(method, subject, params)
@@ -306,3 +320,49 @@ class MethodContract:
             if self.changes_subject
             else "this identity method changed the subject"
         )
+
+
+class TabularMethodContract(MethodContract):
+    """The contract for ``tabular`` methods: the subject is the tokenizer-free ``tabular`` slot and the
+    checks that read a language model's logits read the tabular task's metrics instead.
+
+    Override ``method`` (and ``params`` to keep budgets small: the task trains for real).
+    """
+
+    @pytest.fixture
+    def subject(self) -> Subject:
+        from paretolab.tasks.tabular import TabularSource
+
+        return TabularSource().load()
+
+    def _metrics(self, method: Method, subject: Subject, params: dict[str, Any], seed: int = 0) -> dict[str, float]:
+        from paretolab.search import StagePlan
+        from paretolab.trial import TrialSettings, run_trial
+
+        settings = TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, {}, seed=seed)
+        result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
+        assert not result.failed, result.traceback
+        return {k: v for k, v in result.metrics.items() if not k.endswith("_s") and k not in ("peak_rss_mb", "energy_j")}
+
+    def test_transform_leaves_a_runnable_model(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        out = method.transform(subject.copy(), dict(params), ctx)
+        assert isinstance(out, Subject) and hasattr(out.info.get("learner"), "fit_predict")
+
+    def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
+        metrics = self._metrics(method, subject, params)
+        assert 0.0 <= metrics["acc"] <= 1.0 and math.isfinite(metrics["log_loss"]) and metrics["models_trained"] >= 1
+
+    def test_same_seed_same_model(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
+        assert self._metrics(method, subject, params, seed=7) == self._metrics(method, subject, params, seed=7)
+
+    def test_ignores_the_global_rng(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:
+        results = []
+        for global_seed in (1, 2):
+            torch.manual_seed(global_seed)
+            results.append(self._metrics(method, subject, params, seed=7))
+        assert results[0] == results[1], "the fit depends on torch's global RNG state: seed from the trial's seed instead"
+
+    def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        own = subject.copy()
+        before = observable_state(own)
+        assert observable_state(method.transform(own, dict(params), ctx)) != before

@@ -42,6 +42,11 @@ CHEAP: dict[str, dict[str, Any]] = {
     "mtpc": {"steps": 1, "batch": 8, "gen_prompts": 1, "gen_prompt_tokens": 8, "gen_tokens": 8, "prompts": 1, "prompt_tokens": 8, "new_tokens": 4,
              "k": 2, "states": 2, "distill_corpus": "numeric-val", "prompt_corpus": "numeric-val"},
     # a few steps on a small text that is not the task's pydoc corpus
+    # tabular learners train for real on the contract's 400-row set: a few members, trials and epochs
+    "tabpack": {"members": 3, "epochs": 2, "patience": 1},
+    "tuned_mlp": {"trials": 2, "epochs": 2, "patience": 1},
+    "tabm": {"k": 2, "epochs": 2, "patience": 1},
+    "hgb": {"max_iter": 10},
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
 }
 

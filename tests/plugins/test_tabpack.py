@@ -1,0 +1,100 @@
+"""tabpack: per-member early stopping, members kept apart in one pack, greedy ensembles, the tabular task; contract for every learner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from paretolab.errors import ConfigError
+from paretolab.plugins.tabpack import HGB, TabM, TabPack, TunedMLP
+from paretolab.plugins.tabpack.ensemble import ensemble_loss, greedy_ensemble
+from paretolab.plugins.tabpack.pack import MemberConfig, train_pack
+from paretolab.tasks.tabular import TabularOptions, load_tabular
+from paretolab.testing import TabularMethodContract
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def small() -> Any:
+    return load_tabular(TabularOptions(dataset="synth-class", rows=600))
+
+
+def test_a_member_that_stops_improving_stops_updating_while_others_go_on(small: Any) -> None:
+    frozen = MemberConfig(width=32, depth=1, dropout=0.0, lr=0.0, weight_decay=0.0)  # val loss never improves after epoch 0
+    learner = MemberConfig(width=64, depth=2, dropout=0.0, lr=3e-3, weight_decay=1e-5)
+    run = train_pack([frozen, learner], small, seed=0, device=CPU, epochs=8, patience=2, batch=64)
+    steps_per_epoch = -(-len(small.y["train"]) // 64)
+    assert run.stopped_at[0] == 2  # best at epoch 0, no better at epochs 1 and 2: out of the pack
+    assert run.updates[0] == 3 * steps_per_epoch
+    assert run.updates[1] > run.updates[0] and run.stopped_at[1] != 2
+    assert run.best_val_loss[1] < run.best_val_loss[0]
+
+
+def test_members_do_not_affect_each_other(small: Any) -> None:
+    a = MemberConfig(width=32, depth=2, dropout=0.0, lr=1e-3, weight_decay=1e-5)
+    runs = [train_pack([a, MemberConfig(64, 1, 0.0, lr, 1e-4)], small, seed=3, device=CPU, epochs=3, patience=5, batch=64) for lr in (1e-3, 3e-4)]
+    assert runs[0].best_val_loss[0] == pytest.approx(runs[1].best_val_loss[0], rel=1e-6)
+    assert runs[0].best_val_loss[1] != runs[1].best_val_loss[1]
+
+
+def test_greedy_ensemble_is_no_worse_than_the_best_member() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 400)
+    truth = np.eye(3)[y]
+    preds = [np.clip(0.5 * truth + rng.dirichlet(np.ones(3), 400), 1e-6, None) for _ in range(5)]
+    preds = [p / p.sum(1, keepdims=True) for p in preds]
+    chosen = greedy_ensemble(preds, y, regression=False)
+    ensemble = np.mean([preds[i] for i in chosen], axis=0)
+    assert len(set(chosen)) > 1
+    assert ensemble_loss(ensemble, y, False) < min(ensemble_loss(p, y, False) for p in preds)
+
+
+def test_regression_data_reports_rmse_in_target_units() -> None:
+    data = load_tabular(TabularOptions(dataset="diabetes"))
+    assert data.regression and data.y_scale > 10  # diabetes targets span ~25..346
+    with pytest.raises(ConfigError, match="task.dataset"):
+        load_tabular(TabularOptions(dataset="nope"))
+
+
+class TestTabPackContract(TabularMethodContract):
+    @pytest.fixture
+    def method(self) -> TabPack:
+        return TabPack()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"members": 3, "epochs": 3, "patience": 1}
+
+
+class TestTunedMLPContract(TabularMethodContract):
+    @pytest.fixture
+    def method(self) -> TunedMLP:
+        return TunedMLP()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"trials": 2, "epochs": 2, "patience": 1}
+
+
+class TestHGBContract(TabularMethodContract):
+    @pytest.fixture
+    def method(self) -> HGB:
+        return HGB()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"max_iter": 10}
+
+
+class TestTabMContract(TabularMethodContract):
+    @pytest.fixture
+    def method(self) -> TabM:
+        return TabM()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"k": 2, "epochs": 2, "patience": 1}
