@@ -42,12 +42,25 @@ MEASURES: dict[str, dict[str, Any]] = {
     "expert_memory": {},
 }
 MOE_MEASURES = frozenset({"expert_memory"})  # measured on a random micro MoE (they refuse a dense model)
+# tasks that score what a method of one kind set up (a router, a coder, a tabular learner) and refuse a bare
+# model: the contract suite runs them under every method of that kind (contract_settings), on the model's device
+METHOD_BOUND_TASKS = {"mc_routing": "routing", "compression": "coding", "tabular": "tabular"}
 
 
 def test_every_task_and_measure_is_listed() -> None:
     regs = registries()
-    assert {t.name for t in regs.tasks} <= set(TASKS), "give the new task cheap options in TASKS"
+    assert {t.name for t in regs.tasks} - set(METHOD_BOUND_TASKS) <= set(TASKS), "give the new task cheap options in TASKS"
     assert {m.name for m in regs.measures} - {"params", "size"} <= set(MEASURES), "give the new measure cheap options in MEASURES"
+
+
+@pytest.mark.parametrize(("task", "kind"), sorted(METHOD_BOUND_TASKS.items()))
+def test_method_bound_tasks_run_in_the_contract_of_their_kind(task: str, kind: str) -> None:
+    from paretolab.testing import contract_settings
+
+    methods = [m for m in registries().methods if m.kind == kind]
+    assert methods, f"no method of kind {kind!r} runs task {task!r} in the contract"
+    for method in methods:
+        assert task in {s.task for s in contract_settings(method, None)}, f"{method.name}: the contract does not run {task!r}"
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
