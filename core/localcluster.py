@@ -104,13 +104,15 @@ class RayCluster:
     def _ray_start(self, name: str, args: list[str]) -> None:
         # GPUs declared on a machine without CUDA are Ray bookkeeping only: trials there run on the CPU, labelled so
         simulated = any(a.startswith("--num-gpus=") and a != "--num-gpus=0" for a in args) and not _cuda_visible()
-        ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-                 f"--runtime-env-agent-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                 f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
-        base = 20000 + (hash((self.temp_dir, name)) % 400) * 100
-        cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args, *ports,
-               f"--min-worker-port={base}", f"--max-worker-port={base + 99}"]
+        # worker ports below the kernel's ephemeral range (32768+ on Linux), where free_port()'s picks for the agents
+        # live: a range inside it once collided with a random agent port ("worker_ports ... used by other components")
+        base = 10100 + (hash((self.temp_dir, name)) % 220) * 100
         for _ in range(2):  # a loaded machine can miss Ray's 30 s raylet start-up deadline once
+            ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+                     f"--runtime-env-agent-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                     f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
+            cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args, *ports,
+                   f"--min-worker-port={base}", f"--max-worker-port={base + 99}"]
             env = {**self.env, SIMULATED_GPUS_ENV: "1"} if simulated else self.env
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             out, _ = proc.communicate(timeout=180)
