@@ -19,6 +19,17 @@ also of those methods' parameters that no bracket names (``layerdrop[score=greed
 percentiles are degenerate). *held* when the interval lies on the expected side of 0, *did not
 hold* when it lies on the other side, *within noise* when it contains 0.
 
+``pair_by: none`` pairs on the shared parameters alone, for sides that have no seed in common
+(``catq[steps=160]`` vs ``absmean_ternary``). With a single pair there is no interval over pairs;
+for a quality metric whose trials stored per-example scores (``ppl``, ``acc``...) the verdict then
+rests on the paired bootstrap over that pair's evaluation windows or examples, and says so: it
+covers evaluation noise, not seed-to-seed variation.
+
+A claim about a value rather than a comparison (``depth_alpha`` ≈ 1) gives ``target`` and
+``tolerance`` instead of ``method``/``baseline``: *held* when every trial's value lies within
+target ± tolerance, *did not hold* when none does, *mixed* otherwise. Such values (a fit's
+exponent) carry no interval here, and the verdict says so.
+
 An optional ``reference`` (a third label, e.g. the full-precision run of a low-precision claim)
 adds the share of the baseline-to-reference gap the method closes, per matched triple:
 (baseline − method) / (baseline − reference), with its mean and t interval (no verdict).
@@ -33,7 +44,8 @@ from typing import Any
 
 from paretolab.errors import ConfigError
 
-FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by", "reference")
+FIELDS = ("text", "metric", "method", "baseline", "expect", "pair_by", "reference", "target", "tolerance")
+NO_PAIR_BY = "none"  # pair_by: none - pair on the shared parameters alone
 EXPECT = ("lower", "higher")
 LEVEL = 0.95
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
@@ -49,6 +61,8 @@ class Claim:
     expect: str = "lower"
     pair_by: str = "seed"
     reference: str | None = None  # a third label: report the share of the baseline-to-reference gap the method closes
+    target: float | None = None  # a value claim: metric within target ± tolerance (no method or baseline)
+    tolerance: float | None = None
 
 
 def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
@@ -60,6 +74,8 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
     if not isinstance(raw, dict):
         raise ConfigError(f"claim: expected a mapping {{{', '.join(FIELDS)}}}, got {raw!r}")
     _no_unknown(raw, FIELDS, "claim.")
+    if "target" in raw or "tolerance" in raw:
+        return _parse_value_claim(raw, regs)
     for key in ("text", "metric", "method", "baseline"):
         if key not in raw:
             raise ConfigError(f"claim.{key}: required field is missing (a claim needs {', '.join(FIELDS[:5])}; pair_by defaults to seed)")
@@ -87,16 +103,46 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any) -> Claim | None:
     if raw["method"] == raw["baseline"]:
         raise ConfigError(f"claim.baseline: {raw['baseline']!r} is also the claim's method; compare the method with another choice")
     pair_by = raw.get("pair_by", "seed")
-    if not isinstance(pair_by, str) or not any(pair_by in (p, p.split(".", 1)[1]) for p in params):
+    if pair_by != NO_PAIR_BY and (not isinstance(pair_by, str) or not any(pair_by in (p, p.split(".", 1)[1]) for p in params)):
         raise ConfigError(
             f"claim.pair_by: {pair_by!r} is no parameter of this pipeline's methods; "
-            f"give one of {', '.join(sorted(params)) or 'none'} (or its short name, e.g. seed)"
+            f"give one of {', '.join(sorted(params)) or 'none'} (or its short name, e.g. seed), "
+            f"or `none` to pair on the shared parameters alone"
         )
     return Claim(raw["text"].strip(), metric, raw["method"], raw["baseline"], expect, pair_by, raw.get("reference"))
 
 
+def _parse_value_claim(raw: dict[str, Any], regs: Any) -> Claim:
+    """``{text, metric, target, tolerance}``: the metric's value itself is claimed (no method or baseline)."""
+    from paretolab.spec import _lookup
+
+    for key in ("text", "metric", "target", "tolerance"):
+        if key not in raw:
+            raise ConfigError(f"claim.{key}: required field is missing (a value claim needs text, metric, target and tolerance)")
+    for key in ("method", "baseline", "reference", "pair_by", "expect"):
+        if key in raw:
+            raise ConfigError(f"claim.{key}: a value claim (target, tolerance) compares no methods; drop {key} or drop target/tolerance")
+    if not isinstance(raw["text"], str) or not raw["text"].strip():
+        raise ConfigError(f"claim.text: expected text, got {raw['text']!r}")
+    metric = _lookup(regs.metrics, raw["metric"], "claim.metric").name
+    numbers = {}
+    for key in ("target", "tolerance"):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"claim.{key}: expected a number, got {value!r}")
+        numbers[key] = float(value)
+    if numbers["tolerance"] <= 0:
+        raise ConfigError(f"claim.tolerance: expected a number > 0 (the half-width around target), got {raw['tolerance']!r}")
+    return Claim(raw["text"].strip(), metric, "", "", "near", NO_PAIR_BY, None, numbers["target"], numbers["tolerance"])
+
+
 def claim_from(raw: Any) -> Claim | None:
     """The claim a stored pipeline carries (validated when the study started), or None."""
+    if isinstance(raw, dict) and isinstance(raw.get("text"), str) and isinstance(raw.get("metric"), str) and "target" in raw:
+        try:
+            return Claim(raw["text"], raw["metric"], "", "", "near", NO_PAIR_BY, None, float(raw["target"]), float(raw["tolerance"]))
+        except (KeyError, TypeError, ValueError):
+            return None
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("text", "metric", "method", "baseline")):
         return None
     reference = raw.get("reference") if isinstance(raw.get("reference"), str) else None
@@ -232,7 +278,7 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
     def key(trial: dict[str, Any]) -> tuple[Any, ...] | None:
         params = trial["params"]
         by = tuple(v for k, v in sorted(params.items()) if k in common)  # one value per stage that has it (train → … → train)
-        if not by:
+        if not by and claim.pair_by != NO_PAIR_BY:
             return None
         shared = sorted(
             (k, repr(v)) for k, v in params.items()
@@ -286,14 +332,24 @@ def equal_flops_difference(m: dict[str, Any], b: dict[str, Any], curve: Callable
     return at - final if larger is m else final - at
 
 
-def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str], Any]) -> list[str]:
-    """The Markdown block at the top of a study's section: the claim, the baseline, the verdict(s)."""
+def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str], Any], fetch: Callable[[str], Any] | None = None) -> list[str]:
+    """The Markdown block at the top of a study's section: the claim, the baseline, the verdict(s).
+
+    ``fetch`` (run id -> its per-example scores) lets a single pair be judged on its evaluation units.
+    """
+    if claim.target is not None:
+        return value_claim_lines(claim, trials)
     pairs, ambiguous = pair_trials(claim, trials)
     result = paired(pairs, lambda m, b: float(m[claim.metric]) - float(b[claim.metric]))
+    on = "the shared parameters alone" if claim.pair_by == NO_PAIR_BY else f"`{claim.pair_by}` and every other shared parameter"
     lines = [f"**Claim:** {claim.text}", "",
              f"Method `{claim.method}` against baseline `{claim.baseline}` on `{claim.metric}` ({claim.expect} expected), "
-             f"paired on `{claim.pair_by}` and every other shared parameter.", ""]
-    lines.append(f"**Verdict: {result.verdict(claim.expect)}** — {_difference(claim, claim.metric, result)}.")
+             f"paired on {on}.", ""]
+    single = _one_pair_verdict(claim, pairs, fetch) if result.n == 1 else None
+    if single is not None:
+        lines.append(single)
+    else:
+        lines.append(f"**Verdict: {result.verdict(claim.expect)}** — {_difference(claim, claim.metric, result)}.")
     if ambiguous:
         lines.append(f"{ambiguous} `{claim.pair_by}` value(s) left out: more than one trial on a side with the same parameters.")
     if claim.reference:
@@ -307,6 +363,38 @@ def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str
         lines += ["", "Budgets differ between paired trials, but their learning curves (`learning_curve.json`) are not "
                       "readable from the store: no loss at equal FLOPs."]
     return [*lines, ""]
+
+
+def _one_pair_verdict(claim: Claim, pairs: list[tuple[dict[str, Any], dict[str, Any]]], fetch: Callable[[str], Any] | None) -> str | None:
+    """The verdict line for a single pair from the paired bootstrap over its evaluation units; None when they are not stored."""
+    from paretolab.noise import QUALITY, difference
+
+    if fetch is None or claim.metric not in QUALITY or len(pairs) != 1:
+        return None
+    m, b = pairs[0]
+    d = difference(m, b, claim.metric, fetch)
+    if d is None or d.unit == "unpaired":
+        return None
+    low, high = (d.low, d.high) if claim.expect == "lower" else (-d.high, -d.low)
+    verdict = "held" if high < 0 else "did not hold" if low > 0 else "within noise"
+    return (f"**Verdict: {verdict}** — {claim.metric} {claim.method} − {claim.baseline} = {_num(d.diff)} [{_num(d.low)}, {_num(d.high)}] "
+            f"(95 % paired bootstrap over the {d.n} {d.unit}s both trials were scored on; trials {m['trial']}–{b['trial']}). "
+            f"One pair: the interval covers evaluation noise, not seed-to-seed variation.")
+
+
+def value_claim_lines(claim: Claim, trials: list[dict[str, Any]]) -> list[str]:
+    """The Markdown block of a value claim: each trial's value against target ± tolerance."""
+    assert claim.target is not None and claim.tolerance is not None
+    low, high = claim.target - claim.tolerance, claim.target + claim.tolerance
+    values = [(int(t["trial"]), float(t[claim.metric])) for t in trials
+              if isinstance(t.get(claim.metric), (int, float)) and math.isfinite(float(t[claim.metric]))]
+    lines = [f"**Claim:** {claim.text}", "", f"`{claim.metric}` expected within {claim.target:g} ± {claim.tolerance:g}.", ""]
+    if not values:
+        return [*lines, f"**Verdict: no verdict: no trial reported {claim.metric}**.", ""]
+    inside = [low <= v <= high for _, v in values]
+    verdict = "held" if all(inside) else "did not hold" if not any(inside) else "mixed"
+    listed = ", ".join(f"{v:.4g} (trial {n})" for n, v in values)
+    return [*lines, f"**Verdict: {verdict}** — {claim.metric} = {listed}; point estimates (no interval).", ""]
 
 
 def gap_closed(claim: Claim, trials: list[dict[str, Any]]) -> tuple[Paired, list[tuple[int, int, int]]]:
@@ -341,7 +429,8 @@ def gap_line(claim: Claim, trials: list[dict[str, Any]]) -> str:
 def _difference(claim: Claim, metric: str, result: Paired) -> str:
     name = f"{metric} {claim.method} − {claim.baseline}"
     if result.n == 0:
-        return f"{name}: no pair of trials with the same `{claim.pair_by}` and other parameters reported it"
+        same = "shared parameters" if claim.pair_by == NO_PAIR_BY else f"`{claim.pair_by}` and other parameters"
+        return f"{name}: no pair of trials with the same {same} reported it"
     span = result.interval
     ci = f" [{_num(span[0])}, {_num(span[1])}] (95 % t interval)" if span else ""
     return f"{name} = {_num(result.mean)}{ci}, mean over n = {result.n} pair(s) (trials {', '.join(f'{a}–{b}' for a, b in result.pairs)})"

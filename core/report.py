@@ -294,13 +294,14 @@ def _trained_base(model: str) -> list[str]:
 def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:
     """The pipeline's claim with its verdict from the stored trials (nothing when it has none)."""
     from paretolab.claims import claim_from, claim_lines
+    from paretolab.noise import artifact_reader
     from paretolab.training.curves import mlflow_reader
 
     claim = claim_from(pipeline.get("claim"))
     if claim is None:
         return []
     trials = [{**r, "label": _choice_label(pipeline, r), "params": _named_params(r)} for r in rows]
-    return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri))
+    return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri))
 
 
 def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

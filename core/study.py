@@ -323,6 +323,8 @@ def _open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | Non
                 f"--trials {trials}: study {spec.name!r} already holds {finished} finished trial(s); "
                 f"give a larger N to extend it (--trials is the total, e.g. --trials {finished + spec.search.trials})"
             )
+    if study.user_attrs.get("pipeline") != spec.raw:  # the same hash: only the description, claim, resources or budget changed
+        study.set_user_attr("pipeline", spec.raw)  # the report reads the claim and description from here
     return study
 
 

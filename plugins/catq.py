@@ -29,7 +29,7 @@ is unchanged). The softened ternarization φ_k(u) = σ(k(u − ½)) − σ(k(−
 φ is not released) has sharpness k rising geometrically from ``k_start`` to ``k_end`` over the
 first ``soft_fraction`` of the ``steps`` Adam steps per window, then hard rounding with a
 straight-through gradient. The defaults (window 1, MSE, no LoRA) are the earlier block-by-block
-fit; the recipe is set in pipelines/catq_recipe.yaml. The budget is far below the official one
+fit; the recipe is set in pipelines/catq_fp32.yaml and catq_smollm2.yaml. The budget is far below the official one
 (``steps`` × ``batch_samples`` sequences of 128 tokens per window vs 60 × 512 of 2048).
 Everything is fake-quantized (``cost_is`` simulated).
 

@@ -41,7 +41,7 @@ def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
 @pytest.mark.parametrize(
     "path, value, message",
     [
-        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by, reference}, got 'better'"),
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by, reference, target, tolerance}, got 'better'"),
         ("claim.verdict", "held", "claim.verdict: unknown field"),
         ("claim.text", KeyError, "claim.text: required field is missing"),
         ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
@@ -304,3 +304,88 @@ def test_a_reference_gives_the_share_of_the_gap_closed():
         parse_spec(edited(PIPELINE, "claim.reference", "none"))
     assert parse_spec(edited(edited(PIPELINE, "stages.0.choice", [{"method": "magnitude"}, {"method": "dyt"}, {"method": "none"}]),
                              "claim.reference", "dyt")).claim.reference == "dyt"
+
+
+# ---- one pair judged on its windows, pair_by: none, value claims ---------------------------------
+
+
+def _window_payload(nlls):
+    return {"unit": "window", "n": len(nlls), "scores": {"nll": list(nlls)}, "weights": [128.0] * len(nlls)}
+
+
+def test_one_pair_is_judged_on_the_paired_bootstrap_over_its_windows_when_they_are_stored():
+    """catq[steps=160] vs absmean_ternary share no seed: pair_by none, one pair, verdict over the 16 windows."""
+    from paretolab.claims import Claim, claim_lines
+
+    base = [5.0 + 0.1 * (i % 5) for i in range(16)]
+    payloads = {"catq": _window_payload([v - 0.05 for v in base]), "absmean": _window_payload(base),
+                "noisy": _window_payload([v + (0.3 if i % 2 else -0.3) for i, v in enumerate(base)])}
+    trials = [{"trial": 0, "label": "catq", "ppl": 150.0, "run_id": "catq", "params": {"stage0.catq.steps": 160}},
+              {"trial": 1, "label": "catq", "ppl": 200.0, "run_id": "noisy", "params": {"stage0.catq.steps": 10}},
+              {"trial": 2, "label": "absmean_ternary", "ppl": 158.0, "run_id": "absmean", "params": {}}]
+    claim = Claim("t", "ppl", "catq[steps=160]", "absmean_ternary", "lower", "none")
+    text = "\n".join(claim_lines(claim, trials, lambda run: None, payloads.get))
+    assert "paired on the shared parameters alone" in text
+    verdict = _verdict(text)
+    assert verdict.startswith("**Verdict: held** — ppl catq[steps=160] − absmean_ternary = "), verdict
+    assert "95 % paired bootstrap over the 16 windows both trials were scored on; trials 0–2" in verdict
+    assert "not seed-to-seed variation" in verdict
+    # the same pair with no stored windows: no interval, said as before
+    bare = _verdict("\n".join(claim_lines(claim, trials, lambda run: None, lambda run: None)))
+    assert bare.startswith("**Verdict: no verdict: one pair"), bare
+    # a noisy pair straddles zero: within noise
+    noisy = Claim("t", "ppl", "catq[steps=10]", "absmean_ternary", "lower", "none")
+    payloads["noisy"] = _window_payload([v + (0.4 if i % 2 else -0.39) for i, v in enumerate(base)])
+    assert _verdict("\n".join(claim_lines(noisy, trials, lambda run: None, payloads.get))).startswith("**Verdict: within noise**")
+
+
+def test_pair_by_none_is_accepted_and_a_value_claim_is_checked_against_its_target():
+    from paretolab.claims import claim_from, claim_lines
+
+    spec = parse_spec(edited(PIPELINE, "claim.pair_by", "none"))
+    assert spec.claim.pair_by == "none"
+    depth = {"name": "probe", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc"},
+             "stages": [{"method": "none"}], "objectives": [{"metric": "ppl"}],
+             "claim": {"text": "alpha ~ 1", "metric": "depth_alpha", "target": 1.0, "tolerance": 0.3}}
+    claim = parse_spec(depth).claim
+    assert (claim.target, claim.tolerance, claim.method) == (1.0, 0.3, "")
+
+    def verdict(*alphas):
+        trials = [{"trial": n, "label": "none", "depth_alpha": a, "params": {}} for n, a in enumerate(alphas)]
+        return _verdict("\n".join(claim_lines(claim, trials, lambda run: None)))
+
+    assert verdict(0.474) == "**Verdict: did not hold** — depth_alpha = 0.474 (trial 0); point estimates (no interval)."
+    assert verdict(0.9, 1.25).startswith("**Verdict: held**")
+    assert verdict(0.9, 0.2).startswith("**Verdict: mixed**")
+    assert verdict().startswith("**Verdict: no verdict: no trial reported depth_alpha")
+    assert claim_from(depth["claim"]) == claim  # as the report reads it back from the stored pipeline
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"tolerance": KeyError}, "claim.tolerance: required field is missing (a value claim needs text, metric, target and tolerance)"),
+    ({"tolerance": 0}, "claim.tolerance: expected a number > 0"),
+    ({"target": "one"}, "claim.target: expected a number, got 'one'"),
+    ({"method": "none"}, "claim.method: a value claim (target, tolerance) compares no methods"),
+])
+def test_a_malformed_value_claim_is_refused_naming_the_field(edit, message):
+    claim = {"text": "alpha ~ 1", "metric": "depth_alpha", "target": 1.0, "tolerance": 0.3}
+    for key, value in edit.items():
+        if value is KeyError:
+            claim.pop(key)
+        else:
+            claim[key] = value
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, "claim", claim))
+    assert message in str(err.value)
+
+
+def test_resuming_with_an_edited_claim_updates_the_stored_pipeline_the_report_reads(tmp_path):
+    """The claim and description are outside the pipeline hash: --resume keeps the study and stores their new text."""
+    from paretolab.study import _open_study
+
+    stores = Stores(f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts"))
+    _open_study(parse_spec(PIPELINE), stores, resume=False)
+    reworded = edited(edited(PIPELINE, "claim.text", "another wording"), "description", "the paper says so")
+    study = _open_study(parse_spec(reworded), stores, resume=True)
+    stored = optuna.load_study(study_name=study.study_name, storage=stores.optuna_url).user_attrs["pipeline"]
+    assert stored["claim"]["text"] == "another wording" and stored["description"] == "the paper says so"
