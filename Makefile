@@ -38,10 +38,11 @@ gpu-check: $(STAMP)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the 
 # results table pipelines/README.md is regenerated from the stored studies. Issue 20 adds the
 # papers' regimes (layerdrop_fewlayer[_k], psumquant_bits, catq_smollm2, depth_probe) and the fp32 bases:
 # fp32_base trains and saves scratch-5m-fp32 (run before the *_fp32 pipelines that load it), deep_base
-# trains scratch-deep-fp32 (16 layers) for the depth probe.
+# trains scratch-deep-fp32 (16 layers) for the depth probe and the *_deep reruns (run before them).
 CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant layerdrop prune_then_quantize \
           layerdrop_fewlayer layerdrop_fewlayer_k psumquant_bits catq_smollm2 catq_smollm2_calib depth_probe \
-          fp32_base depth_probe_fp32 deep_base cat_vs_rotation_fp32 catq_fp32 psumquant_fp32
+          fp32_base depth_probe_fp32 deep_base cat_vs_rotation_fp32 catq_fp32 psumquant_fp32 \
+          cat_vs_rotation_deep psumquant_deep
 results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 2 CPU cores) and write pipelines/README.md
 	$(BIN)/paretolab models pull smollm2-135m
 	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
