@@ -235,8 +235,13 @@ class Paired:
         span = self.interval
         if span is None:
             return "no verdict: one pair (an interval needs at least two)"
-        low, high = span if expect == "lower" else (-span[1], -span[0])
-        return "held" if high < 0 else "did not hold" if low > 0 else "within noise"
+        return interval_verdict(*span, expect)
+
+
+def interval_verdict(low: float, high: float, expect: str) -> str:
+    """held when the interval of method − baseline lies on the expected side of 0, did not hold on the other, else within noise."""
+    low, high = (low, high) if expect == "lower" else (-high, -low)
+    return "held" if high < 0 else "did not hold" if low > 0 else "within noise"
 
 
 def trial_label(choices: dict[str, str]) -> str:
@@ -375,8 +380,7 @@ def _one_pair_verdict(claim: Claim, pairs: list[tuple[dict[str, Any], dict[str, 
     d = difference(m, b, claim.metric, fetch)
     if d is None or d.unit == "unpaired":
         return None
-    low, high = (d.low, d.high) if claim.expect == "lower" else (-d.high, -d.low)
-    verdict = "held" if high < 0 else "did not hold" if low > 0 else "within noise"
+    verdict = interval_verdict(d.low, d.high, claim.expect)
     return (f"**Verdict: {verdict}** — {claim.metric} {claim.method} − {claim.baseline} = {_num(d.diff)} [{_num(d.low)}, {_num(d.high)}] "
             f"(95 % paired bootstrap over the {d.n} {d.unit}s both trials were scored on; trials {m['trial']}–{b['trial']}). "
             f"One pair: the interval covers evaluation noise, not seed-to-seed variation.")
