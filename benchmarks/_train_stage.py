@@ -21,8 +21,8 @@ def arguments(doc: str | None, *, steps: int) -> argparse.Namespace:
 
 def train_metrics(subject: Any, arm: tuple[str, dict[str, Any]] | None, steps: int, batch: int, seq_len: int, threads: int) -> dict[str, float]:
     """The train stage's metrics after ``steps`` steps, the method ``arm`` (name, params) applied first; no evaluation points."""
-    from paretolab.context import TrialContext
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.context import TrialContext
+    from paretolab.plugin_api.manager import registries
 
     with TemporaryDirectory() as tmp:
         ctx = TrialContext(seed=0, workdir=Path(tmp), task={"name": "perplexity", "corpus": "pystdlib-val"}, cpus=threads, stage="s")

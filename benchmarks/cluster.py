@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
 
-    from paretolab.localcluster import RayCluster
+    from paretolab.cluster.localcluster import RayCluster
 
     cluster = RayCluster(head_cpus=max(args.cpus, max(counts))).start()
     os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cluster.token})  # before Ray is imported
@@ -53,9 +53,9 @@ def main() -> None:
 
 def run(workers: int, trials: int, address: str) -> dict:
     """One study with ``workers`` concurrent trials; its rates."""
-    from paretolab.spec import parse_spec
     from paretolab.stores import resolve_stores
-    from paretolab.study import run_study
+    from paretolab.study.driver import run_study
+    from paretolab.study.spec import parse_spec
 
     raw = yaml.safe_load((ROOT / "pipelines" / "smoke.yaml").read_text())
     raw["name"] = f"smoke-w{workers}"

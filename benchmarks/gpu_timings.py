@@ -90,8 +90,8 @@ def token_sparse_prefill(device: torch.device, sizes: dict[str, Any]) -> list[di
 
 def speculative(device: torch.device, sizes: dict[str, Any]) -> dict[str, Any]:
     """Self-speculative (layer-skip draft, k=4) vs greedy decoding tok/s on the same held-out prompts, interleaved."""
-    from paretolab.context import TrialContext
     from paretolab.models import load_subject
+    from paretolab.plugin_api.context import TrialContext
     from paretolab.plugins.speculative import Speculative, compare_with_greedy
     from paretolab.plugins.speculative.corpus import heldout_prompts
 

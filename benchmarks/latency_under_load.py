@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paretolab.context import TrialContext
-from paretolab.measures import Latency, LatencyOptions
+from paretolab.measure.measures import Latency, LatencyOptions
+from paretolab.measure.timing import spread
 from paretolab.models import load_subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.layerdrop import remove_layers
-from paretolab.subject import Subject
-from paretolab.timing import spread
 
 
 def spin(deadline: float) -> None:

@@ -7,7 +7,7 @@ json``), with lm-eval's own prompt for the data set (``Question: ...\\nAnswer:``
 our rows already hold ``Question: ...``) and the model handed over as a Hugging Face model object
 (``HFLM(pretrained=model)``). Prints acc, acc_norm and their standard errors from both, and how
 many rows' per-choice log-likelihoods differ by more than 1e-3 nats. ``lmeval_scores`` is what
-the parity test in tests/core/test_lmeval_parity.py calls.
+the parity test in tests/tasks/test_lmeval_parity.py calls.
 
 Measured here (smollm2-135m, our Q4_1 GGUF dequantized to fp32, zero-shot, first 100 rows,
 lm-eval 0.4.13, one CPU thread): every row's per-choice log-likelihoods agree within 1e-3 nats;
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.data import read_jsonl
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import stderr
-from paretolab.subject import Subject
 from paretolab.tasks import MultipleChoiceOptions, RowScore, score_rows
 
 # lm-eval's own prompts for these data sets (its arc_easy.yaml, piqa.yaml, boolq: "...\nAnswer:"),

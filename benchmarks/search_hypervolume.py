@@ -22,9 +22,9 @@ from pathlib import Path
 
 import optuna
 
-from paretolab.proposer import Proposer, params_key
-from paretolab.search import plan_trial
-from paretolab.spec import StudySpec, load_spec
+from paretolab.study.proposer import Proposer, params_key
+from paretolab.study.search import plan_trial
+from paretolab.study.spec import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_PPL, PARAMS = 20.0, 135e6
@@ -49,7 +49,7 @@ def run(spec: StudySpec, sampler: str, trials: int, seed: int, plain: bool = Fal
     """(objective values, repeated parameter sets) of ``trials`` trials."""
     from dataclasses import replace
 
-    from paretolab.search import make_sampler
+    from paretolab.study.search import make_sampler
 
     spec = replace(spec, search=replace(spec.search, sampler=sampler, trials=trials, seed=seed))
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=make_sampler(spec) if plain else None)

@@ -28,7 +28,12 @@ from transformers import AttentionInterface
 
 from paretolab.models import resolve_model
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.plugins.token_sparse_attention import SparseSettings, base_attention, install, token_sparse_attention_forward
+from paretolab.plugins.token_sparse_attention import (
+    SparseSettings,
+    base_attention,
+    install,
+    token_sparse_attention_forward,
+)
 from paretolab.tasks import corpus_ids
 
 CAPTURE = "paretolab_capture_qkv"

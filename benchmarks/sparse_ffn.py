@@ -30,18 +30,18 @@ import statistics
 
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.generation import greedy_decode
-from paretolab.plugin_manager import registries
+from paretolab.measure.timing import node_lock, time_paired, torch_threads
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.manager import registries
 from paretolab.plugins.l1_sparsity import L1Sparsity, sparse_path
-from paretolab.timing import node_lock, time_paired, torch_threads
 
 
 def sparse_model(name: str, sparsity: float) -> torch.nn.Module:
     """The preset with ReLU-gated FFNs whose gate rows are zero for ``sparsity`` of the units (seeded)."""
     subject = registries().models.get(name).load()
-    from pathlib import Path
     import tempfile
+    from pathlib import Path
 
     L1Sparsity().transform(subject, {"lam": 0.0}, TrialContext(seed=0, workdir=Path(tempfile.mkdtemp())))
     gen = torch.Generator().manual_seed(0)

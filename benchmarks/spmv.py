@@ -22,7 +22,12 @@ from collections.abc import Callable
 
 import torch
 
-from paretolab.kernels.macko import dense_bytes, macko_decode, macko_encode, macko_spmv_ref
+from paretolab.kernels.macko import (
+    dense_bytes,
+    macko_decode,
+    macko_encode,
+    macko_spmv_ref,
+)
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (4096, 4096))
 SPARSITIES = (0.5, 0.7, 0.9)

@@ -13,8 +13,6 @@ whose concatenation is a token, so it can differ from HF: the agreement column s
 
 from __future__ import annotations
 
-from paretolab.data import load_corpus
-
 import argparse
 import json
 import random
@@ -23,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from paretolab.data import load_corpus
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 

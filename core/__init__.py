@@ -7,15 +7,17 @@ Public API for plugin authors::
 
 from __future__ import annotations
 
-from paretolab.context import TrialContext
+from paretolab import _moved
 from paretolab.errors import ConfigError, ParetolabError, PluginError, UnknownNameError
-from paretolab.hookspec import hookimpl
-from paretolab.method import KINDS, Method, Paper
-from paretolab.metrics import Metric
-from paretolab.storage import TensorStorage
-from paretolab.subject import Subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.method import KINDS, Method, Paper
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.storage import TensorStorage
+from paretolab.plugin_api.subject import Subject
+from paretolab.version import __version__
 
-__version__ = "0.1.0"
+_moved.install()  # the old paths of the plugin-facing modules (paretolab.subject, ...) keep importing
 
 __all__ = [
     "KINDS",

@@ -53,3 +53,12 @@ class TrialSettings:
     timeout_s: float = 0.0  # search.trial_timeout_s (0: none): a training stage stops in time for the trial to finish
     models: dict[str, str] = field(default_factory=dict)  # the pipeline's `models:`, role -> model name (loaded once per worker)
     prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (simulated cost)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of one trial: which method runs, with which parameters (unprefixed)."""
+
+    stage: str
+    method: str
+    params: dict[str, Any]

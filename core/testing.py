@@ -30,9 +30,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from paretolab.context import TrialContext
-from paretolab.method import KINDS, Method
-from paretolab.subject import Subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.method import KINDS, Method
+from paretolab.plugin_api.subject import Subject
 
 
 def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def held_bytes(model: torch.nn.Module) -> int:
 
 def reported_bytes(subject: Subject, ctx: TrialContext) -> int:
     """``size_bytes`` as the size measure reports it."""
-    from paretolab.measures import NoOptions, Size
+    from paretolab.measure.measures import NoOptions, Size
 
     return int(Size().measure(subject, NoOptions(), ctx)["size_bytes"])
 
@@ -120,7 +120,7 @@ def tensors_default_to(device: str = "meta") -> Iterator[None]:
 
 def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None = None) -> list[Any]:
     """The trial settings the contract runs a method under: perplexity, and a generation task for decoding methods."""
-    from paretolab.trial import TrialSettings
+    from paretolab.records import TrialSettings
 
     if method.kind == "tabular":  # no language model: only the tabular task runs
         return [TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, measures, seed=0)]
@@ -167,8 +167,8 @@ def _env(**values: str) -> Iterator[None]:
 
 def check_tensor_devices(method: Method, subject: Subject, params: dict[str, Any]) -> None:
     """transform, the task, evaluate and measure make every tensor on the model's device (see tensors_default_to)."""
-    from paretolab.search import StagePlan
-    from paretolab.trial import run_trial
+    from paretolab.records import StagePlan
+    from paretolab.study.trial import run_trial
 
     roles = contract_roles(method, subject)
     for number, settings in enumerate(contract_settings(method, {})):
@@ -231,7 +231,7 @@ class MethodContract:
         assert torch.isfinite(after).all(), "the transformed model produces non-finite logits"
 
     def test_reported_metrics_are_registered_and_finite(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
-        from paretolab.plugin_manager import registries
+        from paretolab.plugin_api.manager import registries
 
         out = method.transform(subject.copy(), dict(params), ctx)
         metrics = {**method.evaluate(out, ctx), **method.measure(out, ctx)}
@@ -242,8 +242,8 @@ class MethodContract:
             assert math.isfinite(float(value)), f"metric {name!r} = {value}"
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
-        from paretolab.search import StagePlan
-        from paretolab.trial import TrialSettings, run_trial
+        from paretolab.records import StagePlan, TrialSettings
+        from paretolab.study.trial import run_trial
 
         settings = TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, {"size": {}, "params": {}}, seed=0)
         result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
@@ -336,8 +336,8 @@ class TabularMethodContract(MethodContract):
         return TabularSource().load()
 
     def _metrics(self, method: Method, subject: Subject, params: dict[str, Any], seed: int = 0) -> dict[str, float]:
-        from paretolab.search import StagePlan
-        from paretolab.trial import TrialSettings, run_trial
+        from paretolab.records import StagePlan, TrialSettings
+        from paretolab.study.trial import run_trial
 
         settings = TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, {}, seed=seed)
         result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)

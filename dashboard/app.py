@@ -15,7 +15,12 @@ from paretolab.dashboard import data
 from paretolab.dashboard.context import Context, parse_args, ray_address, stores_from
 from paretolab.dashboard.view_curves import curves_page
 from paretolab.dashboard.view_frontier import frontier_page
-from paretolab.dashboard.view_studies import cluster_page, methods_page, no_studies, studies_page
+from paretolab.dashboard.view_studies import (
+    cluster_page,
+    methods_page,
+    no_studies,
+    studies_page,
+)
 from paretolab.dashboard.view_trial import compare_page, trial_page
 
 PAGES = {

@@ -22,7 +22,7 @@ class ClusterInfo:
 
 def cluster_info(address: str) -> ClusterInfo:
     """Connect to the Ray cluster at ``address`` as a client (no tasks run) and read its state."""
-    from paretolab.ray_auth import use_token_if_present
+    from paretolab.cluster.ray_auth import use_token_if_present
 
     use_token_if_present()  # a cluster with token auth (Ray's default) refuses a client without it
     import ray

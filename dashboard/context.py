@@ -37,7 +37,7 @@ def ray_address(args: argparse.Namespace) -> str | None:
 def methods_cost() -> dict[str, str]:
     """Method name -> ``real``/``simulated``, from the registry (empty if plugins fail to load)."""
     try:
-        from paretolab.plugin_manager import registries
+        from paretolab.plugin_api.manager import registries
 
         return {m.name: m.cost_is for m in registries().methods}
     except Exception:
@@ -46,7 +46,7 @@ def methods_cost() -> dict[str, str]:
 
 def metric_directions() -> dict[str, str]:
     try:
-        from paretolab.plugin_manager import registries
+        from paretolab.plugin_api.manager import registries
 
         return {m.name: m.direction for m in registries().metrics}
     except Exception:
@@ -99,7 +99,7 @@ class Context:
 
 
 def describe_methods() -> list[dict[str, Any]]:
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     regs = registries()
     rows = []
@@ -113,7 +113,7 @@ def describe_methods() -> list[dict[str, Any]]:
 
 
 def describe_metrics() -> list[dict[str, Any]]:
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     return [{"metric": m.name, "unit": m.unit, "direction": m.direction, "estimated": m.estimated, "description": m.description}
             for m in registries().metrics]

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from paretolab.frontier import pareto_indices
+from paretolab.results.frontier import pareto_indices
 
 STATES = ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")
 NONE_METHOD = "none"

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
-from paretolab.noise import QUALITY, mark_indistinguishable
+from paretolab.results.noise import QUALITY, mark_indistinguishable
 from paretolab.stats import interval
 
 WEBGL_ABOVE = 3000  # points; WebGL scatter beyond this, SVG below (WebGL needs a GPU or SwiftShader in the browser)

@@ -206,7 +206,11 @@ def metric_histories(uri: str, run_id: str, keys: tuple[str, ...]) -> dict[str, 
 
 def learning_curve(uri: str, run_id: str) -> Curve | None:
     """A trial's learning curve: its ``learning_curve.json`` artifact, else its ``curve.*`` metric histories, else None."""
-    from paretolab.training.curves import ARTIFACT, HISTORIES, read_curve  # the package imports torch: only when a curve is read
+    from paretolab.training.curves import (  # the package imports torch: only when a curve is read
+        ARTIFACT,
+        HISTORIES,
+        read_curve,
+    )
 
     detail = run_detail(uri, run_id)
     if detail is None:

@@ -9,7 +9,13 @@ import streamlit as st
 
 from paretolab.dashboard import runs
 from paretolab.dashboard.context import Context
-from paretolab.dashboard.curves import BANDS, by_group, curves_figure, summary, trial_curves
+from paretolab.dashboard.curves import (
+    BANDS,
+    by_group,
+    curves_figure,
+    summary,
+    trial_curves,
+)
 
 MAX_TRIALS = 500  # curves read per study (one artifact each); beyond this the newest trials are shown
 

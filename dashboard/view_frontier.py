@@ -7,7 +7,12 @@ import streamlit as st
 
 from paretolab.dashboard.context import Context
 from paretolab.dashboard.data import frontier_numbers
-from paretolab.dashboard.plots import FrontierData, frontier_figure, frontier_image, frontier_points
+from paretolab.dashboard.plots import (
+    FrontierData,
+    frontier_figure,
+    frontier_image,
+    frontier_points,
+)
 from paretolab.models import quality_note
 
 NO_Z = "(none)"
@@ -104,7 +109,7 @@ def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:
     if weights:
         parts.append(f"base weights: {', '.join(weights)}")
     sources = frame.get("paretolab.energy_source", pd.Series(dtype=object))
-    from paretolab.energy import is_energy_metric
+    from paretolab.measure.energy import is_energy_metric
 
     if any(is_energy_metric(m) for m in shown) and (sources == "estimate").any():
         parts.append("energy is an estimate (CPU seconds × watts per core: no NVML or RAPL reading) for "

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paretolab.kernels.macko import MackoMatrix
+from paretolab.kernels.macko_format import MackoMatrix
 
 
 @triton.jit

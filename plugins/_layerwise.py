@@ -13,7 +13,7 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
 
 CALIB_DEFAULTS: dict[str, Any] = {"calib_corpus": "pydoc", "calib_samples": 8, "calib_seq_len": 256}
 

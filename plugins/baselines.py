@@ -10,7 +10,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
 
 
 def linear_weights(model: torch.nn.Module, *, skip_lm_head: bool = True) -> Iterator[tuple[str, torch.nn.Linear]]:
@@ -122,7 +122,7 @@ def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tens
 
 @hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
-    from paretolab.method import NoMethod
+    from paretolab.plugin_api.method import NoMethod
 
     register(NoMethod())
     register(Magnitude())

@@ -30,8 +30,8 @@ from optuna.distributions import CategoricalDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.metrics import Metric
-from paretolab.subject import Subject
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.arithmetic import OPS, Problem, numeric_problems
 from paretolab.training.hooks import TrainingHook, training_of
 
@@ -99,7 +99,14 @@ def vocabulary(encoding: str) -> list[str]:
 
 def number_tokenizer(encoding: str) -> Any:
     """A ``transformers`` fast tokenizer for ``encoding``: every symbol one token, numbers as the encoding says, anything else ``<unk>``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(vocabulary(encoding))}

@@ -48,10 +48,16 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, heldout_ids, linear_inputs, run_model
+from paretolab.plugin_api.storage import TensorStorage
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import (
+    CALIB_DEFAULTS,
+    calibration_ids,
+    heldout_ids,
+    linear_inputs,
+    run_model,
+)
 from paretolab.plugins.baselines import linear_weights, quantize_rtn
-from paretolab.storage import TensorStorage
-from paretolab.subject import Subject
 
 TRANSFORMS = ("none", "hadamard", "cat")
 PAPER = Paper("Dissecting Quantization Error: A Concentration-Alignment Perspective", "ICML 2026", "https://arxiv.org/abs/2603.04359")

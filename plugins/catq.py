@@ -48,9 +48,16 @@ from optuna.distributions import IntDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers, first_layer_inputs, layer_outputs, select_kwargs
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import (
+    CALIB_DEFAULTS,
+    calibration_ids,
+    decoder_layers,
+    first_layer_inputs,
+    layer_outputs,
+    select_kwargs,
+)
 from paretolab.plugins.baselines import linear_weights
-from paretolab.subject import Subject
 
 LOSSES = ("mse", "huber")
 PAPER = Paper("CAT-Q: Cost-efficient and Accurate Ternary Quantization for LLMs", "ICML 2026", "https://arxiv.org/abs/2606.26650")

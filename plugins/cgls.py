@@ -53,9 +53,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.layerdrop import remove_layers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("Curriculum-Guided Layer Scaling for Language Model Pretraining", "arXiv 2025", "https://arxiv.org/abs/2506.11389")

@@ -31,10 +31,10 @@ import torch
 
 from paretolab import Metric, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.measures import Measure
-from paretolab.options import option, parse_options
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers, run_layer
-from paretolab.subject import Subject
 
 
 @dataclass(frozen=True)

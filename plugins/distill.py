@@ -38,8 +38,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.options import option, parse_options
-from paretolab.subject import Subject
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.batches import corpus_token_ids, tokenizer_fingerprint
 from paretolab.training.flops import ATTENTION_FORMULAS
 from paretolab.training.hooks import TrainingHook, training_of

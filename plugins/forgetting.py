@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from paretolab.context import TrialContext
-from paretolab.hookspec import hookimpl
-from paretolab.measures import Measure
-from paretolab.metrics import Metric
-from paretolab.options import option, parse_options
-from paretolab.subject import Subject
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 
 METRICS: tuple[Metric, ...] = (
     Metric("forget_nll", "nats/token", "minimize", "forgetting measure: rise of the mean NLL on the forgetting corpus (WikiText-2) over the unmodified model's, same windows"),
@@ -102,7 +102,12 @@ def arithmetic_accuracy(subject: Subject, problems: int, shots: int, new_tokens:
     from paretolab.generation import generate
     from paretolab.tasks.arith_corpus import problems as corpus_problems
     from paretolab.tasks.arith_corpus import val_problems
-    from paretolab.tasks.generation import extract_number, parse_gold, prompt_ids, stop_ids
+    from paretolab.tasks.generation import (
+        extract_number,
+        parse_gold,
+        prompt_ids,
+        stop_ids,
+    )
 
     tok = subject.tokenizer
     examples, worked = val_problems(problems), list(corpus_problems("arith-train")[:shots])

@@ -36,10 +36,10 @@ from optuna.distributions import CategoricalDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.measures import Measure
-from paretolab.options import option, parse_options
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 
 GQA_PAPER = Paper("GQA: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints", "EMNLP 2023", "https://arxiv.org/abs/2305.13245")
 QKV_PAPER = Paper("Q–K=V projection sharing: shared key-value projection, 50% KV cache at 3.1% perplexity (seed abstract; no code found)", "", "")
@@ -63,7 +63,10 @@ class SharedKVAttention(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings: Any = None, attention_mask: torch.Tensor | None = None,
                 cache: Any = None, past_key_values: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import eager_attention_forward, rotate_half
+        from transformers.models.llama.modeling_llama import (
+            eager_attention_forward,
+            rotate_half,
+        )
 
         cache = cache if cache is not None else past_key_values
         input_shape = hidden_states.shape[:-1]
@@ -175,7 +178,7 @@ class KVCacheOptions:
 
 def cache_bytes_per_token(model: torch.nn.Module, tokens: int = 16) -> float:
     """Bytes of every tensor in the model's HF cache after a ``tokens``-long prefill, per token."""
-    from paretolab.decoding import forward_with_cache
+    from paretolab.generation.decoding import forward_with_cache
 
     device = next(model.parameters()).device
     ids = torch.ones((1, tokens), dtype=torch.long, device=device)  # the content does not change the cache's size

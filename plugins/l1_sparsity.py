@@ -33,10 +33,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.measures import Measure
-from paretolab.options import option, parse_options
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("Sparser, Faster, Lighter Transformer Language Models", "ICML 2026", "https://arxiv.org/abs/2603.23198")
@@ -238,8 +238,8 @@ class FFNSparsity(Measure):
 
     def measure(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
         from paretolab.generation import greedy_decode
+        from paretolab.measure.timing import node_lock, time_paired, torch_threads
         from paretolab.tasks import corpus_ids
-        from paretolab.timing import node_lock, time_paired, torch_threads
 
         if not isinstance(options, FFNSparsityOptions):
             options = parse_options(FFNSparsityOptions, options, where="measures.ffn_sparsity")

@@ -38,10 +38,10 @@ from optuna.distributions import FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.measures import Measure
-from paretolab.options import option, parse_options
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding", "ACL 2024", "https://arxiv.org/abs/2404.16710")

@@ -42,8 +42,13 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers, run_model
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import (
+    CALIB_DEFAULTS,
+    calibration_ids,
+    decoder_layers,
+    run_model,
+)
 
 SCORES = ("greedy_bi", "random", "block_influence")
 ALIASES = {"shift": "greedy_bi"}  # the old name of greedy_bi, kept so stored studies resume

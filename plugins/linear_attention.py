@@ -52,11 +52,17 @@ from optuna.distributions import CategoricalDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins._recurrent_cache import recurrent_layer
-from paretolab.plugins._scan import AFFINE, EPS, MOBIUS, blocked_scan, gated_chunk_attention
+from paretolab.plugins._scan import (
+    AFFINE,
+    EPS,
+    MOBIUS,
+    blocked_scan,
+    gated_chunk_attention,
+)
 from paretolab.plugins.kv_sharing import _attentions
-from paretolab.subject import Subject
 
 KLA_PAPER = Paper("Kalman Linear Attention: Parallel Bayesian Filtering For Efficient Language Modelling and State Tracking", "arXiv 2026",
                   "https://arxiv.org/abs/2602.10743")

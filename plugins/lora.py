@@ -21,8 +21,14 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins.plate import TARGETS, PlateSettings, plate_trainable_params, target_linears, trainable_count
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.plate import (
+    TARGETS,
+    PlateSettings,
+    plate_trainable_params,
+    target_linears,
+    trainable_count,
+)
 
 PAPER = Paper("LoRA: Low-Rank Adaptation of Large Language Models (peft implementation)", "ICLR 2022", "https://arxiv.org/abs/2106.09685")
 

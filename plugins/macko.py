@@ -31,9 +31,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_decode, macko_encode
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.baselines import linear_weights, magnitude_mask
 from paretolab.plugins.wanda import activation_norms, check_sparsity, wanda_mask
-from paretolab.subject import Subject
 
 SCORES = ("wanda", "magnitude")
 VALUE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -34,12 +34,12 @@ from torch import nn
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
-from paretolab.metrics import Metric
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.speculative import compare_with_greedy
 from paretolab.plugins.speculative.corpus import heldout_prompts, training_sequences
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
-from paretolab.subject import Subject
 
 CIRCUITS = ("independent", "mixture", "hmm")
 PAPER = Paper("Multi-token prediction with probabilistic circuits", "arXiv 2025", "https://github.com/april-tools/mtpc")

@@ -42,12 +42,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("μPscaling Small Models: Principled Warm Starts and Hyperparameter Transfer", "arXiv 2025", "https://github.com/yuxinma98/mupscaling")

@@ -42,10 +42,10 @@ from optuna.distributions import FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.measures import Measure
-from paretolab.options import option, parse_options
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 BHYT_PAPER = Paper("Bounded Hyperbolic Tanh: A Drop-in Replacement for Pre-LN (BHyT)", "", "https://github.com/MLAI-Yonsei/BHyT")

@@ -40,8 +40,8 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.metrics import Metric
-from paretolab.subject import Subject
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 
 PAPER = Paper("PLATE: Plasticity-Tunable Efficient Adapters", "Salesforce AI Research, 2026", "https://github.com/SalesforceAIResearch/PLATE")
 MAX_TRAINABLE_FRACTION = 0.9  # the official code's cap on the rows made trainable per layer

@@ -34,12 +34,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._train_linears import WrappedLinear, unwrap_linears, wrap_linears, wrappers
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._train_linears import (
+    WrappedLinear,
+    unwrap_linears,
+    wrap_linears,
+    wrappers,
+)
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("PRAC: Principal-Random Subspace for LLM Activation Compression and Memory-Efficient Training", "ICML 2026",

@@ -36,9 +36,14 @@ from optuna.distributions import CategoricalDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, linear_inputs, run_model
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import (
+    CALIB_DEFAULTS,
+    calibration_ids,
+    linear_inputs,
+    run_model,
+)
 from paretolab.plugins.baselines import linear_weights
-from paretolab.subject import Subject
 
 SCALES = ("crest", "tile", "fixed")
 MARGINS = torch.linspace(-3.0, 1.0, 33, device="cpu")  # log-range multipliers tried when calibrating either scale

@@ -17,7 +17,7 @@ from optuna.distributions import IntDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.hooks import training_of
 from paretolab.training.replay import ReplayHook
 

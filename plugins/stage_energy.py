@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from paretolab import Metric, TrialContext, hookimpl
-from paretolab.measures import Measure
-from paretolab.options import parse_options
-from paretolab.subject import Subject
+from paretolab.measure.measures import Measure
+from paretolab.plugin_api.options import parse_options
+from paretolab.plugin_api.subject import Subject
 
 _EST = "(J: NVML, RAPL, or on a CPU without them an ESTIMATE from CPU seconds x watts per core; energy_source says which)"
 

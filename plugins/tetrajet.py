@@ -43,9 +43,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._nvfp4 import mxfp8, nvfp4, random_hadamard, rotate16
 from paretolab.plugins._train_linears import WrappedLinear, wrap_linears, wrappers
-from paretolab.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 PAPER = Paper("TetraJet-v2: Accurate NVFP4 Training for Large Language Models with Oscillation Suppression and Outlier Control",

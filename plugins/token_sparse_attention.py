@@ -41,13 +41,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.kernels.token_sparse import window_scores_ref
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
-from paretolab.subject import Subject
 
 ATTENTION_NAME = "paretolab_token_sparse"
 PAPER = Paper(

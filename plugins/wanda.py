@@ -32,8 +32,8 @@ from optuna.distributions import FloatDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.baselines import linear_weights
-from paretolab.subject import Subject
 
 PATTERNS = ("unstructured", "2:4", "4:8")
 PAPER = Paper(

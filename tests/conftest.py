@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
 from typing import Any
 
 import pytest
@@ -72,7 +71,7 @@ def tiny():
 @pytest.fixture
 def ctx(tmp_path):
     """A trial context with seed 0 and a workdir of its own."""
-    from paretolab.context import TrialContext
+    from paretolab.plugin_api.context import TrialContext
 
     return TrialContext(seed=0, workdir=tmp_path / "trial")
 
@@ -94,7 +93,7 @@ def testplugin_path(tmp_path_factory) -> Path:
 @pytest.fixture
 def with_testplugin(testplugin_path, monkeypatch):
     """The test plugin importable in this process (registries rebuilt) and in subprocesses."""
-    from paretolab import plugin_manager
+    from paretolab.plugin_api import manager as plugin_manager
 
     monkeypatch.syspath_prepend(str(testplugin_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(testplugin_path), os.environ.get("PYTHONPATH")])))

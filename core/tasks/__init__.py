@@ -8,7 +8,12 @@ uncertainty next to the number (:mod:`paretolab.stats`) and keeps per-example sc
 """
 
 from paretolab.tasks.base import Task
-from paretolab.tasks.multiple_choice import MultipleChoice, MultipleChoiceOptions, RowScore, score_rows
+from paretolab.tasks.multiple_choice import (
+    MultipleChoice,
+    MultipleChoiceOptions,
+    RowScore,
+    score_rows,
+)
 from paretolab.tasks.perplexity import Perplexity, PerplexityOptions, corpus_ids
 
 __all__ = ["MultipleChoice", "MultipleChoiceOptions", "Perplexity", "PerplexityOptions", "RowScore", "Task", "corpus_ids", "score_rows"]

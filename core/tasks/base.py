@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from paretolab.context import TrialContext
-from paretolab.subject import Subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.subject import Subject
 
 
 class Task:

@@ -32,14 +32,14 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
-from paretolab.context import TrialContext
 from paretolab.data import encode, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
-from paretolab.hookspec import hookimpl
-from paretolab.options import option
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
 
 PROMPTS = ("auto", "chat", "fewshot")
@@ -335,8 +335,8 @@ class Arithmetic(GenerationTask):
 
 def answer_parser(ctx: TrialContext | None) -> Callable[[str], str | None]:
     """The answer rule of the trial's task (``ctx.task``); numeric when the task has none."""
-    from paretolab.options import parse_options
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
+    from paretolab.plugin_api.options import parse_options
 
     task_cfg = dict(ctx.task) if ctx is not None else {}
     name = task_cfg.pop("name", None)

@@ -13,15 +13,14 @@ from typing import Any
 
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.data import encode, read_jsonl
 from paretolab.errors import ConfigError
-from paretolab.hookspec import hookimpl
-from paretolab.options import option
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
-
 
 # The continuation delimiter of each data set's own task definition (llm-foundry's
 # tasks_v0.3.yaml: "\nAnswer: " for these; the rest join query and choice with a space). The

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.data import encode, load_corpus
 from paretolab.errors import ConfigError
-from paretolab.hookspec import hookimpl
-from paretolab.options import option
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import ARTIFACT, Samples, bootstrap_interval, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
 
 

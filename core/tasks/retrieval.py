@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paretolab.context import TrialContext
 from paretolab.data import DATA_ENV, data_dirs, encode, read_jsonl
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
-from paretolab.hookspec import hookimpl
-from paretolab.options import option
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
 
 POSITIONS = ("beginning", "middle", "end")

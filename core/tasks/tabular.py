@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.hookspec import hookimpl
-from paretolab.metrics import Metric
 from paretolab.models import ModelSource
-from paretolab.options import option
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
 from paretolab.stats import ARTIFACT, Samples, bootstrap_interval, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
 
 # name: (kind, loader). Synthetic sets are seeded (data seed 0) and take the task's ``rows``.

@@ -22,8 +22,8 @@ import torch
 
 from paretolab.data import cache_dir, python_version
 from paretolab.errors import SaveNameError
-from paretolab.models import ModelSource, _load_pretrained
-from paretolab.subject import Subject
+from paretolab.models import ModelSource, load_pretrained
+from paretolab.plugin_api.subject import Subject
 
 RECORD = "paretolab.json"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -41,7 +41,7 @@ def check_save_name(name: str, *, where: str = "train.save_as") -> None:
             f"{where}: {name!r} is not a usable model name; give 1-64 letters, digits, '.', '_' or '-' "
             "starting with a letter or digit (e.g. 'scratch-5m-trained')"
         )
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     models = registries().models
     if name in models and not isinstance(models.get(name), TrainedModel):
@@ -54,7 +54,7 @@ def save_trained(subject: Subject, name: str, meta: dict[str, Any]) -> Path:
     ``meta`` is recorded as given (the train stage passes tokens, seed, val_loss, ...); ``base``,
     ``weights``, ``code_version``, ``python`` and ``saved_at`` are filled in when it lacks them.
     """
-    from paretolab.study import code_version
+    from paretolab.version import code_version
 
     check_save_name(name)
     model = subject.model
@@ -144,7 +144,7 @@ class TrainedModel(ModelSource):
         return str(self.path)
 
     def load(self) -> Subject:
-        return _load_pretrained(self.pull(), self.name)
+        return load_pretrained(self.pull(), self.name)
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -180,7 +180,7 @@ def trained_sources() -> list[TrainedModel]:
 
 def _register_now(name: str) -> None:
     """Make the new checkpoint a model source in this process too (registries are built once per process)."""
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     models = registries().models
     if name in models:

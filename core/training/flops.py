@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
-
 import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 _aten = torch.ops.aten
 

@@ -42,7 +42,7 @@ import torch
 from paretolab.errors import ConfigError
 
 if TYPE_CHECKING:
-    from paretolab.subject import Subject
+    from paretolab.plugin_api.subject import Subject
 
 REPLACEABLE = ("loss", "data")
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from paretolab.errors import ConfigError
-from paretolab.timing import torch_threads
+from paretolab.measure.timing import torch_threads
 from paretolab.training.batches import corpus_token_ids, heldout_windows, random_batches
 from paretolab.training.flops import StepFlops
 from paretolab.training.hooks import Training, TrainingHook, training_of

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paretolab.context import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.hookspec import hookimpl
-from paretolab.method import Method, Paper
-from paretolab.metrics import Metric
-from paretolab.options import option, parse_options
-from paretolab.subject import Subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.method import Method, Paper
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option, parse_options
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.hooks import training_of
 
 CURVE_ARTIFACT = "learning_curve.json"
@@ -114,7 +114,7 @@ def _task_corpus(ctx: TrialContext) -> str | None:
     """The corpus the trial's task scores on, if it has one (held out from training: the same one is refused)."""
     if not ctx.task.get("name"):
         return None
-    from paretolab.calibration import evaluation_corpus
+    from paretolab.tasks.held_out import evaluation_corpus
 
     options = {k: v for k, v in ctx.task.items() if k != "name"}
     try:
@@ -125,8 +125,8 @@ def _task_corpus(ctx: TrialContext) -> str | None:
 
 def held_out_corpus(train_corpus: str) -> str:
     """Where val_loss is measured when the task has no corpus: ``pystdlib-val``, or ``pydoc`` where that is not installed."""
-    from paretolab.calibration import corpus_identity
     from paretolab.data import load_corpus
+    from paretolab.data.corpora import corpus_identity
 
     try:
         load_corpus(DEFAULT_VAL_CORPUS)
@@ -140,7 +140,7 @@ def held_out_corpus(train_corpus: str) -> str:
 
 def check_not_evaluation_corpus(train_corpus: str, evaluated: str | None, *, where: str) -> None:
     """Refuse training on the text the task evaluates on (its scores would be on seen tokens)."""
-    from paretolab.calibration import corpus_identity
+    from paretolab.data.corpora import corpus_identity
 
     if evaluated is not None and corpus_identity(train_corpus) == corpus_identity(evaluated):
         raise ConfigError(
@@ -151,7 +151,7 @@ def check_not_evaluation_corpus(train_corpus: str, evaluated: str | None, *, whe
 
 def check_train_stages(stages: Any, task_name: str, task_options: dict[str, Any]) -> None:
     """At parse time: every fixed or listed value of a ``train`` stage is in range, and no train corpus is the task's corpus."""
-    from paretolab.calibration import evaluation_corpus
+    from paretolab.tasks.held_out import evaluation_corpus
 
     evaluated = evaluation_corpus(task_name, task_options)
     for stage in stages:

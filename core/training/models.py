@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paretolab.hookspec import hookimpl
-from paretolab.models import ModelSource, _seeded
-from paretolab.subject import Subject
+from paretolab.models import ModelSource, seeded
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.tokenizer import VOCAB_SIZE, pystdlib_tokenizer, tokenizer_path
 
 
@@ -79,7 +79,7 @@ class ScratchModel(ModelSource):
         from transformers import LlamaForCausalLM
 
         tokenizer = pystdlib_tokenizer()
-        with _seeded(self.seed):
+        with seeded(self.seed):
             model = LlamaForCausalLM(self.shape.config(tokenizer))
         model.eval()
         return Subject(model=model, tokenizer=tokenizer, model_name=self.name)
@@ -128,7 +128,7 @@ class SmolVocabScratch(ScratchModel):
         from transformers import AutoTokenizer, LlamaForCausalLM
 
         tokenizer = AutoTokenizer.from_pretrained(self.pull())
-        with _seeded(self.seed):
+        with seeded(self.seed):
             model = LlamaForCausalLM(self.shape.config(tokenizer, vocab_size=len(tokenizer)))
         model.eval()
         return Subject(model=model, tokenizer=tokenizer, model_name=self.name)

@@ -18,7 +18,11 @@ import time
 from typing import Any
 
 import paretolab
-from paretolab.plugins.incremental_bpe._tokenizer import BPEStream, IncrementalBPE, c_extension_available
+from paretolab.plugins.incremental_bpe._tokenizer import (
+    BPEStream,
+    IncrementalBPE,
+    c_extension_available,
+)
 from paretolab.plugins.incremental_bpe._vocab import UnsupportedTokenizerError
 
 __all__ = [

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from paretolab.errors import ConfigError
-from paretolab.plugins.incremental_bpe._pretokenize import END, Scanner, SpecialSplitter, char_classes, pretokenize
+from paretolab.plugins.incremental_bpe._pretokenize import (
+    END,
+    Scanner,
+    SpecialSplitter,
+    char_classes,
+    pretokenize,
+)
 from paretolab.plugins.incremental_bpe._reference import ReferenceBPE
 from paretolab.plugins.incremental_bpe._vocab import BPETables, tables_from_hf
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.hookspec import hookimpl
+from paretolab.plugin_api.hookspec import hookimpl
 
 
 @hookimpl

@@ -6,11 +6,11 @@ from typing import Any
 
 from torch import nn
 
-from paretolab.context import TrialContext
-from paretolab.measures import Measure, NoOptions
-from paretolab.metrics import Metric
+from paretolab.measure.measures import Measure, NoOptions
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.moe.experts import expert_bytes, moe_blocks
-from paretolab.subject import Subject
 
 
 def dense_bytes_of(model: nn.Module) -> int:

@@ -40,11 +40,19 @@ from torch import nn
 
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.moe import packing
-from paretolab.plugins.moe.experts import ExpertsBase, RoutingStats, calibration, expert_weights, moe_blocks, replace_experts, routing_stats, stored
+from paretolab.plugins.moe.experts import (
+    ExpertsBase,
+    RoutingStats,
+    calibration,
+    expert_weights,
+    moe_blocks,
+    replace_experts,
+    routing_stats,
+    stored,
+)
 from paretolab.plugins.moe.rfid import CALIB
-from paretolab.subject import Subject
-
 
 
 class SlotExperts(ExpertsBase):

@@ -36,9 +36,18 @@ from torch import nn
 
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
-from paretolab.plugins.moe.experts import (ExpertsBase, calibration, dense_expert_bytes, effective_rank, expert_weights, moe_blocks,
-                                           replace_experts, routing_stats, stored)
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.moe.experts import (
+    ExpertsBase,
+    calibration,
+    dense_expert_bytes,
+    effective_rank,
+    expert_weights,
+    moe_blocks,
+    replace_experts,
+    routing_stats,
+    stored,
+)
 
 ALLOCATIONS = ("fused", "uniform", "frequency", "erank")
 ENTRY_BYTES = 8  # one residual entry: an fp32 value and an int32 position

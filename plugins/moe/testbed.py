@@ -31,8 +31,8 @@ import torch
 
 from paretolab.data import cache_dir, load_corpus
 from paretolab.errors import ConfigError
-from paretolab.models import ModelSource, _load_pretrained, _seeded
-from paretolab.subject import Subject
+from paretolab.models import ModelSource, load_pretrained, seeded
+from paretolab.plugin_api.subject import Subject
 from paretolab.training.hooks import TrainingHook, training_of
 
 TRAIN_CORPUS, VAL_CORPUS = "moe-mix-train", "moe-mix-val"
@@ -139,7 +139,7 @@ class TinyMoe(ModelSource):
         from paretolab.training.tokenizer import pystdlib_tokenizer
 
         tokenizer = pystdlib_tokenizer()
-        with _seeded(0):
+        with seeded(0):
             model = Qwen3MoeForCausalLM(self.shape.config(tokenizer))
         model.eval()
         return Subject(model=model, tokenizer=tokenizer, model_name=self.name)
@@ -147,7 +147,7 @@ class TinyMoe(ModelSource):
     def load(self) -> Subject:
         if self.budget is None:
             return self.random_subject()
-        return _load_pretrained(self.pull(), self.name)
+        return load_pretrained(self.pull(), self.name)
 
     def pull(self, *, stream: Any = sys.stderr) -> str:
         if self.budget is None or self.is_cached():
@@ -208,7 +208,7 @@ def micro_moe(seed: int = 0) -> Subject:
     from paretolab.models import byte_tokenizer
 
     tokenizer = byte_tokenizer()
-    with _seeded(seed):
+    with seeded(seed):
         model = Qwen3MoeForCausalLM(MICRO_MOE.config(tokenizer, vocab_size=len(tokenizer)))
     model.eval()
     return Subject(model=model, tokenizer=tokenizer, model_name="micro-moe")

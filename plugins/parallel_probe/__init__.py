@@ -44,13 +44,24 @@ from paretolab import Method, Metric, Paper, hookimpl
 from paretolab.data import encode
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation
+from paretolab.plugins.parallel_probe.controller import (
+    Branch,
+    Outcome,
+    ProbeParams,
+    parallel_probe,
+    self_consistency,
+)
+from paretolab.plugins.parallel_probe.traces import (
+    BranchTrace,
+    RecordSettings,
+    load_or_record,
+    trace_key,
+)
 from paretolab.tasks.generation import answer_parser, tokens_containing
-from paretolab.plugins.parallel_probe.controller import Branch, Outcome, ProbeParams, parallel_probe, self_consistency
-from paretolab.plugins.parallel_probe.traces import BranchTrace, RecordSettings, load_or_record, trace_key
 
 if TYPE_CHECKING:
-    from paretolab.context import TrialContext
-    from paretolab.subject import Subject
+    from paretolab.plugin_api.context import TrialContext
+    from paretolab.plugin_api.subject import Subject
 
 PAPER = Paper("Parallel-Probe: Towards Efficient Parallel Thinking via 2D Probing", "ICML 2026", "https://github.com/zhengkid/Parallel-Probe")
 SC_PAPER = Paper("Self-Consistency Improves Chain of Thought Reasoning in Language Models", "ICLR 2023", "https://arxiv.org/abs/2203.11171")

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from paretolab import recorded
-from paretolab.recorded import model_fingerprint, record_key, record_path  # noqa: F401  (model_fingerprint re-exported)
-from paretolab.decoding import BatchDecoder, Sampling, TokenChooser
+from paretolab.data import recorded
+from paretolab.data.recorded import model_fingerprint, record_key, record_path  # noqa: F401  (model_fingerprint re-exported)
 from paretolab.errors import ConfigError
+from paretolab.generation.decoding import BatchDecoder, Sampling, TokenChooser
 
 TRACE_FORMAT = 2  # bump when the recording procedure changes what a trace holds (2: decode_s keeps probe overhead)
 

@@ -15,9 +15,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.pmatic.codecs import CODECS, ByteCodec
 from paretolab.plugins.pmatic.lm_coding import PlainCoder, PmaticCoder
-from paretolab.subject import Subject
 from paretolab.tasks.compression import MISMATCHES
 
 PMATIC_PAPER = Paper(

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from paretolab.errors import ConfigError
-from paretolab.plugins.pmatic.coder import AdaptiveBit, Decoder, Encoder, decode_bit, encode_bit
+from paretolab.plugins.pmatic.coder import (
+    AdaptiveBit,
+    Decoder,
+    Encoder,
+    decode_bit,
+    encode_bit,
+)
 
 NextLogits = Callable[[int], np.ndarray]  # decoder side: logits for the next token, given the token just decoded
 

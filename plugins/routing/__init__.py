@@ -23,11 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretolab import Method, Paper, TrialContext, hookimpl
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.routing import policies
-from paretolab.subject import Subject
 
 SDR_PAPER = Paper("Selective Deferred Routing (SDR)", "ICML 2026")
 LAZYSTACK_PAPER = Paper("LazyStack: efficient model ensemble inference", "ICML 2026", "https://ashwincolaco.github.io/lazystack")

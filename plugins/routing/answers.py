@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from paretolab import recorded
-from paretolab.data import encode, read_jsonl
+from paretolab.data import encode, read_jsonl, recorded
 from paretolab.errors import ConfigError
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
 from paretolab.tasks.multiple_choice import DELIMITERS, _choices
 
 RECORDER_VERSION = 1  # bump when the scoring below changes what a recording holds

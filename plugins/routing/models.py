@@ -12,9 +12,9 @@ from collections.abc import Callable
 import torch
 
 from paretolab.data import calibration_ids
-from paretolab.hookspec import hookimpl
 from paretolab.models import ModelSource, SmolLM2
-from paretolab.subject import Subject
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.subject import Subject
 
 
 class LayerDroppedSmolLM2(ModelSource):
@@ -48,7 +48,7 @@ class LayerDroppedSmolLM2(ModelSource):
         return subject
 
     def stored_bytes(self, subject: Subject) -> float:
-        from paretolab.measures import unique_parameters
+        from paretolab.plugin_api.storage import unique_parameters
 
         kept = sum(t.numel() for _, t in unique_parameters(subject.model))
         full = 134_515_008  # SmolLM2-135M's parameters: the GGUF's bytes scaled by the share kept

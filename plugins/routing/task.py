@@ -14,20 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from paretolab.context import TrialContext
-from paretolab.errors import ConfigError
-from paretolab.hookspec import hookimpl
-from paretolab.metrics import Metric
-from paretolab.options import option
-from paretolab.plugins.routing.answers import as_arrays, golds, load_or_record_answers, load_questions
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.routing.answers import (
+    as_arrays,
+    golds,
+    load_or_record_answers,
+    load_questions,
+)
 from paretolab.plugins.routing.bed import Bed, Outcome
 from paretolab.plugins.routing.policies import Fixed, LazyStack, Policy, Stack
 from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
-from paretolab.subject import Subject
 from paretolab.tasks.base import Task
 
 RETENTION = 0.97  # LazyStack's claim: speed-up at >= 97 % of the full ensemble's accuracy

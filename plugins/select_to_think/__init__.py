@@ -42,16 +42,28 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretolab import Method, Metric, Paper, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation
-from paretolab.plugins.select_to_think.decode import GUIDES, TRIGGERS, Decoded, S2TSettings, calibrate_threshold, large_only_decode, s2t_decode
+from paretolab.plugins.select_to_think.decode import (
+    GUIDES,
+    TRIGGERS,
+    Decoded,
+    S2TSettings,
+    calibrate_threshold,
+    large_only_decode,
+    s2t_decode,
+)
 
 if TYPE_CHECKING:
-    from paretolab.context import TrialContext
-    from paretolab.subject import Subject
+    from paretolab.plugin_api.context import TrialContext
+    from paretolab.plugin_api.subject import Subject
 
 PAPER = Paper("Select to Think: Unlocking SLM Potential with Local Sufficiency", "ICML 2026", "https://github.com/YeRona/Select-to-Think")
 CALIB_SEED_OFFSET = 1000  # calibration problems: the task's generator at seed + this
@@ -161,8 +173,8 @@ def _key(material: list[Any]) -> str:
 
 def calibration_prompts(tokenizer: Any, ctx: TrialContext | None, n: int) -> list[list[int]]:
     """Prompts of ``n`` problems the trial does not evaluate: the task's generator at ``seed + 1000``."""
-    from paretolab.options import parse_options
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
+    from paretolab.plugin_api.options import parse_options
     from paretolab.tasks.generation import GenerationTask, prompt_ids, resolve_style
 
     cfg = dict(ctx.task) if ctx is not None else {}

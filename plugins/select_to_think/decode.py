@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paretolab.decoding import forward_with_cache
 from paretolab.errors import ConfigError
-from paretolab.subject import synchronize
+from paretolab.generation.decoding import forward_with_cache
+from paretolab.plugin_api.subject import synchronize
 
 TRIGGERS = ("entropy", "kl", "always", "none")
 GUIDES = ("select", "takeover")

@@ -25,7 +25,8 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.generation import Generation, generate
-from paretolab.metrics import Metric
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import CALIB_DEFAULTS, calibration_ids, decoder_layers
 from paretolab.plugins.layerdrop import layers_to_drop
 from paretolab.plugins.speculative.corpus import heldout_prompts
@@ -33,7 +34,6 @@ from paretolab.plugins.speculative.eagle import EagleDrafter
 from paretolab.plugins.speculative.generator import Drafter, SpeculativeGenerator
 from paretolab.plugins.speculative.self_draft import LayerSkipDrafter
 from paretolab.plugins.speculative.train import load_draft
-from paretolab.subject import Subject
 
 DRAFTS = ("eagle", "self")
 SKIP_SCORES = ("block_influence", "shift")

@@ -18,8 +18,8 @@ from paretolab.generation import Generation, forward_with_cache
 from paretolab.plugins._layerwise import decoder_layers
 
 if TYPE_CHECKING:
-    from paretolab.context import TrialContext
-    from paretolab.subject import Subject
+    from paretolab.plugin_api.context import TrialContext
+    from paretolab.plugin_api.subject import Subject
 
 
 class Drafter(Protocol):

@@ -23,10 +23,16 @@ import torch.nn.functional as F
 
 from paretolab.data import cache_dir
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.speculative.corpus import training_sequences
-from paretolab.plugins.speculative.eagle import EagleConfig, EagleDraft, LoadedDraft, init_scale, ttt_mask
+from paretolab.plugins.speculative.eagle import (
+    EagleConfig,
+    EagleDraft,
+    LoadedDraft,
+    init_scale,
+    ttt_mask,
+)
 from paretolab.plugins.speculative.generator import TargetFeatures
-from paretolab.subject import Subject
 
 CHUNK = 4  # sequences per feature file
 STEP_WEIGHT = 0.8  # EAGLE-3's per-step loss decay

@@ -14,9 +14,14 @@ from typing import Any
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
-from paretolab.metrics import Metric
-from paretolab.plugins.tabpack.learners import HGBLearner, TabMLearner, TabPackLearner, TunedMLPLearner
-from paretolab.subject import Subject
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.tabpack.learners import (
+    HGBLearner,
+    TabMLearner,
+    TabPackLearner,
+    TunedMLPLearner,
+)
 
 
 class _Tabular(Method):

@@ -9,7 +9,12 @@ import numpy as np
 import torch
 
 from paretolab.plugins.tabpack.ensemble import average, greedy_ensemble
-from paretolab.plugins.tabpack.pack import MemberConfig, PackRun, sample_configs, train_pack
+from paretolab.plugins.tabpack.pack import (
+    MemberConfig,
+    PackRun,
+    sample_configs,
+    train_pack,
+)
 from paretolab.tasks.tabular import Fit, TabularData
 
 
@@ -90,7 +95,10 @@ class HGBLearner:
 
     def fit_predict(self, data: TabularData, *, seed: int, device: torch.device) -> Fit:
         seed = seed if self.seed is None else self.seed
-        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+        from sklearn.ensemble import (
+            HistGradientBoostingClassifier,
+            HistGradientBoostingRegressor,
+        )
 
         cls = HistGradientBoostingRegressor if data.regression else HistGradientBoostingClassifier
         model = cls(max_iter=self.max_iter, learning_rate=self.learning_rate, early_stopping=True, n_iter_no_change=20, random_state=seed)

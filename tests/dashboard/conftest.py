@@ -74,8 +74,8 @@ def _mlflow_params(stage0: str, sparsity: float | None, stage1: str, bits: int |
 
 def build_stores(home: Path) -> Stores:
     """Write the fixture studies under ``home`` and return their stores."""
-    from paretolab.tracking import Tracker
-    from paretolab.trial import TrialResult
+    from paretolab.records import TrialResult
+    from paretolab.stores.tracking import Tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     stores = resolve_stores(home=str(home))
@@ -90,7 +90,7 @@ def build_stores(home: Path) -> Stores:
         tracker = Tracker(stores, name)
         parent = tracker.study_run({"paretolab.pipeline_hash": "f00d"}, {"pipeline": pipeline})
         tags = {"paretolab.pipeline_hash": "f00d", "paretolab.methods": "magnitude,none,rtn", "paretolab.code_version": "test",
-                "paretolab.plugin_versions": "builtin only", "paretolab.worker": "test:1"}
+                "paretolab.plugin_versions": "builtin only", "paretolab.study.worker": "test:1"}
         number = 0
         for stage0, sparsity, stage1, bits, ppl, size in rows:
             params, dists = _params(stage0, sparsity, stage1, bits)
@@ -144,8 +144,8 @@ def add_training_study(stores: Stores) -> None:
     trial 6: dyt on seed 0 with the curve only as ``curve.*`` metric history (step = tokens)."""
     import json
 
-    from paretolab.tracking import Tracker
-    from paretolab.trial import TrialResult
+    from paretolab.records import TrialResult
+    from paretolab.stores.tracking import Tracker
 
     study = optuna.create_study(study_name="training", storage=stores.optuna_url, directions=["minimize", "minimize"])
     study.set_user_attr("objectives", [["val_loss", "minimize"], ["train_flops", "minimize"]])

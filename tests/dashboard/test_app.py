@@ -135,7 +135,7 @@ def test_trial_page_shows_params_metrics_timings_tags_and_reproduce(store_env):
         {"method": "magnitude", "params": {"sparsity": 0.6, "scope": "row"}},
         {"method": "rtn", "params": {"bits": 4, "group_size": 32}},
     ]
-    from paretolab.spec import parse_spec
+    from paretolab.study.spec import parse_spec
 
     spec = parse_spec(pipeline)  # the reproduce file is a valid pipeline
     assert spec.search.trials == 1

@@ -66,7 +66,10 @@ def dashboard(fixture_home, tmp_path):
 @pytest.mark.slow
 def test_frontier_renders_and_a_click_opens_the_trial(dashboard, tmp_path):
     assert Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set PARETOLAB_CHROMIUM)"
-    from playwright.sync_api import expect, sync_playwright  # ImportError fails the test: pip install playwright
+    from playwright.sync_api import (  # ImportError fails the test: pip install playwright
+        expect,
+        sync_playwright,
+    )
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

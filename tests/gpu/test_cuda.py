@@ -65,8 +65,8 @@ def test_token_sparse_triton_on_cuda_matches_reference(shape: tuple[int, ...], d
 
 
 def test_speculative_decoding_on_cuda_equals_greedy() -> None:
-    from paretolab.context import TrialContext
     from paretolab.models import TinyLlama
+    from paretolab.plugin_api.context import TrialContext
     from paretolab.plugins.speculative import Speculative, compare_with_greedy
 
     subject = TinyLlama(layers=4, hidden=64, seed=3).load().to(CUDA)
@@ -81,11 +81,11 @@ def test_speculative_decoding_on_cuda_equals_greedy() -> None:
 def test_every_method_runs_a_trial_on_cuda() -> None:
     """The device contract for real: each method's trial (cheap settings) on a CUDA model."""
     from paretolab.models import TinyLlama
-    from paretolab.plugin_manager import registries
-    from paretolab.search import StagePlan
-    from paretolab.testing import contract_settings
-    from paretolab.trial import run_trial
+    from paretolab.plugin_api.manager import registries
     from paretolab.plugins.moe.testbed import micro_moe
+    from paretolab.records import StagePlan
+    from paretolab.study.trial import run_trial
+    from paretolab.testing import contract_settings
     from tests.plugins.test_device_contract import CHEAP, MOE_METHODS, NO_MODEL_TENSORS
 
     base = TinyLlama().load().to(CUDA)
@@ -107,7 +107,7 @@ def test_every_method_runs_a_trial_on_cuda() -> None:
 
 def test_a_gpus_1_study_runs_its_model_on_cuda(tmp_path: Path) -> None:
     from tests.conftest import run_cli
-    from tests.core.test_study import mlflow_trial_runs
+    from tests.study.test_study import mlflow_trial_runs
 
     smoke = yaml.safe_load((Path(__file__).parents[2] / "pipelines" / "smoke.yaml").read_text())
     smoke.update(name="gpusmoke", resources={"cpus": 1, "gpus": 1}, search={**smoke["search"], "trials": 2})

@@ -14,7 +14,12 @@ try:
 except ImportError as exc:  # fail the run loudly: these tests are part of CI, never skipped
     raise ImportError("tests/kernels need triton (a dev dependency): pip install triton") from exc
 
-from paretolab.kernels.macko import macko_decode, macko_encode, macko_spmv_ref, macko_spmv_triton
+from paretolab.kernels.macko import (
+    macko_decode,
+    macko_encode,
+    macko_spmv_ref,
+    macko_spmv_triton,
+)
 
 pytestmark = pytest.mark.triton
 

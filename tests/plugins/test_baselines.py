@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paretolab.context import TrialContext
-from paretolab.method import NoMethod
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.method import NoMethod
 from paretolab.plugins.baselines import RTN, Magnitude, linear_weights, quantize_rtn
 from paretolab.testing import MethodContract
 

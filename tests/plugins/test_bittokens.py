@@ -10,8 +10,8 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import Method
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.method import Method
 from paretolab.plugins.bittokens import (
     BITS,
     BitTokens,

@@ -9,10 +9,18 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import validate_method
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import cat
-from paretolab.plugins.cat import CAT, CATLinear, block_gram, block_size_for, cat_blocks, hadamard, sqnr_db
-from paretolab.subject import Subject
+from paretolab.plugins.cat import (
+    CAT,
+    CATLinear,
+    block_gram,
+    block_size_for,
+    cat_blocks,
+    hadamard,
+    sqnr_db,
+)
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 64}
 
@@ -109,7 +117,7 @@ def test_registers_the_method_and_its_metric() -> None:
 
 
 def test_heldout_windows_share_no_token_with_the_calibration_windows(monkeypatch) -> None:
-    from paretolab import data
+    from paretolab.data import tokens as data
 
     monkeypatch.setattr(data, "encode", lambda tokenizer, text: list(range(3000)))  # an id is its position
     fit = data.calibration_ids(None, n_samples=8, seq_len=64, seed=3)

@@ -9,12 +9,24 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import validate_method
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import catq
-from paretolab.plugins._layerwise import decoder_layers, first_layer_inputs, layer_outputs
+from paretolab.plugins._layerwise import (
+    decoder_layers,
+    first_layer_inputs,
+    layer_outputs,
+)
 from paretolab.plugins.baselines import linear_weights
-from paretolab.plugins.catq import CATQ, AbsmeanTernary, absmean_ternary, catq_ternary, fit_layer, sharpness_at, soft_ternary
-from paretolab.subject import Subject
+from paretolab.plugins.catq import (
+    CATQ,
+    AbsmeanTernary,
+    absmean_ternary,
+    catq_ternary,
+    fit_layer,
+    sharpness_at,
+    soft_ternary,
+)
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 48, "steps": 12}
 TERNARY_BITS = 2 + 16 / 128

@@ -12,9 +12,20 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
-from paretolab.plugin_manager import registries
-from paretolab.plugins.cgls import CGLS, CGLSCurriculum, CGLSHook, CGLSStacking, curriculum_batches, depth_schedule, easy_to_hard, grow, stage_of, window_difficulty
-from paretolab.subject import Subject
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.cgls import (
+    CGLS,
+    CGLSCurriculum,
+    CGLSHook,
+    CGLSStacking,
+    curriculum_batches,
+    depth_schedule,
+    easy_to_hard,
+    grow,
+    stage_of,
+    window_difficulty,
+)
 from paretolab.testing import MethodContract
 from paretolab.training import TrainingHook, training_of
 from tests.training.conftest import make_ctx, small, train_text  # noqa: F401  (the train stage's fixtures)

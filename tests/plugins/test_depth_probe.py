@@ -11,9 +11,14 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import depth_probe
-from paretolab.plugins.depth_probe import DepthProbe, DepthProbeOptions, fit_inverse_depth, layer_cross_entropy
-from paretolab.subject import Subject
+from paretolab.plugins.depth_probe import (
+    DepthProbe,
+    DepthProbeOptions,
+    fit_inverse_depth,
+    layer_cross_entropy,
+)
 from paretolab.tasks import corpus_ids
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
 from paretolab.testing import check_tensor_devices
 
 CALIB = {"calib_samples": 2, "calib_seq_len": 32}

@@ -11,14 +11,14 @@ import torch
 
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import distill
 from paretolab.plugins.distill import DistillKD, DistillSFT, KDHook, kd_loss
-from paretolab.search import StagePlan
-from paretolab.subject import Subject
+from paretolab.records import StagePlan, TrialSettings
+from paretolab.study.trial import run_trial
 from paretolab.testing import MethodContract
 from paretolab.training.hooks import training_of
-from paretolab.trial import TrialSettings, run_trial
 
 CORPUS = str(Path(__file__).parents[2] / "README.md")
 KD = {"teacher": "tiny-llama", "tokens": 96, "seq_len": 16, "batch": 2, "top_k": 4, "tau": 2.0, "corpus": CORPUS}
@@ -110,7 +110,7 @@ def test_teacher_cache_is_reused_not_recomputed(tiny: Subject, monkeypatch: pyte
 
 
 def test_kd_hook_holds_the_cache_not_the_teacher(tiny: Subject, tmp_path: Path) -> None:
-    from paretolab.context import TrialContext
+    from paretolab.plugin_api.context import TrialContext
 
     out = DistillKD().transform(tiny.copy(), dict(KD), TrialContext(seed=0, workdir=tmp_path, stage="teacher"))
     hook = training_of(out).owner("loss")
@@ -121,7 +121,7 @@ def test_kd_hook_holds_the_cache_not_the_teacher(tiny: Subject, tmp_path: Path) 
 
 
 def test_sft_trains_on_the_teachers_text(tiny: Subject, tmp_path: Path) -> None:
-    from paretolab.context import TrialContext
+    from paretolab.plugin_api.context import TrialContext
 
     out = DistillSFT().transform(tiny.copy(), dict(SFT), TrialContext(seed=0, workdir=tmp_path, stage="teacher"))
     hook = training_of(out).owner("data")
@@ -137,8 +137,9 @@ def test_mismatched_stages_are_refused(tiny: Subject) -> None:
 
 
 def test_teacher_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
-    from paretolab.context import TrialContext
     import copy
+
+    from paretolab.plugin_api.context import TrialContext
 
     student = TinyLlama().load()
     student.tokenizer = copy.deepcopy(student.tokenizer)

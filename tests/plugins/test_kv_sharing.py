@@ -10,11 +10,17 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import Method
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.method import Method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import kv_sharing
-from paretolab.plugins.kv_sharing import KVCache, KVHeads, QKVSharing, SharedKVAttention, cache_bytes_per_token
-from paretolab.subject import Subject
+from paretolab.plugins.kv_sharing import (
+    KVCache,
+    KVHeads,
+    QKVSharing,
+    SharedKVAttention,
+    cache_bytes_per_token,
+)
 from paretolab.testing import MethodContract
 
 
@@ -60,7 +66,7 @@ def test_cache_holds_one_tensor_per_layer_half_the_bytes(tiny: Subject, ctx: Tri
 
 def greedy(model: torch.nn.Module, prompt: torch.Tensor, new: int, *, cached: bool) -> list[int]:
     """Greedy tokens: one cached forward per token, or the whole sequence recomputed each step."""
-    from paretolab.decoding import forward_with_cache
+    from paretolab.generation.decoding import forward_with_cache
 
     seq, out, cache = prompt, [], None
     with torch.no_grad():
@@ -155,8 +161,8 @@ def test_trains_as_a_trial_after_re_initialisation(tiny: Subject, tmp_path: Path
     import inspect
     import textwrap
 
-    from paretolab.search import StagePlan
-    from paretolab.trial import TrialSettings, run_trial
+    from paretolab.records import StagePlan, TrialSettings
+    from paretolab.study.trial import run_trial
 
     text = tmp_path / "train.txt"
     text.write_text(inspect.getsource(textwrap), encoding="utf-8")

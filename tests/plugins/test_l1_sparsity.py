@@ -12,9 +12,18 @@ from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import greedy_decode
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import l1_sparsity
-from paretolab.plugins.l1_sparsity import FFNSparsity, FFNSparsityOptions, L1Hook, L1Sparsity, ReluGLU, l1_term, sparse_path, zero_fraction
-from paretolab.subject import Subject
+from paretolab.plugins.l1_sparsity import (
+    FFNSparsity,
+    FFNSparsityOptions,
+    L1Hook,
+    L1Sparsity,
+    ReluGLU,
+    l1_term,
+    sparse_path,
+    zero_fraction,
+)
 from paretolab.testing import MethodContract
 from paretolab.training.hooks import training_of
 
@@ -142,9 +151,8 @@ def test_a_second_loss_owner_is_refused(tiny: Subject, ctx: TrialContext) -> Non
 
 def test_training_with_l1_raises_the_zero_fraction(ctx: TrialContext, tmp_path: Path) -> None:
     """Through the real train stage on tiny-llama: the L1 run ends sparser than the same gate without it."""
+    from paretolab.plugin_api.manager import registries
     from tests.training.conftest import make_ctx
-
-    from paretolab.plugin_manager import registries
 
     text = Path(__file__).parents[2] / "README.md"
     params = {"tokens": 6144, "seq_len": 32, "batch": 8, "eval_every": 100, "eval_tokens": 256, "corpus": str(text), "lr": 1e-2}

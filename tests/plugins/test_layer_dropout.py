@@ -13,9 +13,17 @@ from torch.utils.flop_counter import FlopCounterMode
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
-from paretolab.plugin_manager import registries
-from paretolab.plugins.layer_dropout import EarlyExit, EarlyExitOptions, LayerDropout, LayerDropoutHook, drop_rates, exit_cross_entropy, skipped_layers
-from paretolab.subject import Subject
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.layer_dropout import (
+    EarlyExit,
+    EarlyExitOptions,
+    LayerDropout,
+    LayerDropoutHook,
+    drop_rates,
+    exit_cross_entropy,
+    skipped_layers,
+)
 from paretolab.testing import MethodContract, logits_of
 from paretolab.training.hooks import training_of
 

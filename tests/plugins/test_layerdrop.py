@@ -10,11 +10,11 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import greedy_decode
-from paretolab.method import validate_method
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import layerdrop
 from paretolab.plugins.layerdrop import SCORES, LayerDrop, representation_shift
-from paretolab.subject import Subject
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 48}
 

@@ -8,13 +8,19 @@ import pytest
 import torch
 
 from paretolab import TrialContext
-from paretolab.decoding import BatchDecoder
 from paretolab.errors import ConfigError
-from paretolab.method import Method
+from paretolab.generation.decoding import BatchDecoder
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.method import Method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._scan import AFFINE, MOBIUS, blocked_scan, gated_chunk_attention
-from paretolab.plugins.linear_attention import GatedLinearAttention, GLACell, KalmanAttention, KalmanCell, LinearAttention
-from paretolab.subject import Subject
+from paretolab.plugins.linear_attention import (
+    GatedLinearAttention,
+    GLACell,
+    KalmanAttention,
+    KalmanCell,
+    LinearAttention,
+)
 from paretolab.testing import MethodContract
 from paretolab.training.loop import reinitialise
 from tests.plugins.test_kv_sharing import greedy

@@ -11,13 +11,13 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.kernels.macko import macko_spmv_ref
-from paretolab.method import validate_method
-from paretolab.metrics import Metric
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import macko
 from paretolab.plugins.baselines import Magnitude, linear_weights
 from paretolab.plugins.macko import Macko, MackoLinear
 from paretolab.plugins.wanda import Wanda
-from paretolab.subject import Subject
 from paretolab.testing import MethodContract
 
 CALIB_TEXT = "Sparse rows keep their largest scores; the format keeps four bits per step. " * 40
@@ -137,7 +137,8 @@ def test_bad_params_are_refused_by_name(tiny: Subject, ctx: TrialContext, params
 
 
 def test_core_size_measure_counts_the_stored_format(tiny: Subject, ctx: TrialContext, calib: dict[str, object]) -> None:
-    from paretolab.measures import Size, unique_parameters
+    from paretolab.measure.measures import Size
+    from paretolab.plugin_api.storage import unique_parameters
 
     subject = Macko().transform(tiny.copy(), {"sparsity": 0.7, "score": "magnitude", **calib}, ctx)
     size = Size().measure(subject, None, ctx)["size_bytes"]

@@ -10,14 +10,27 @@ import pytest
 import torch
 
 from paretolab import TrialContext
-from paretolab.method import Method
+from paretolab.plugin_api.method import Method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.moe import packing
-from paretolab.plugins.moe.experts import expert_weights, moe_blocks, replace_experts, routing_stats
+from paretolab.plugins.moe.experts import (
+    expert_weights,
+    moe_blocks,
+    replace_experts,
+    routing_stats,
+)
 from paretolab.plugins.moe.metrics import expert_memory
-from paretolab.plugins.moe.puzzle import ExpertAverage, ExpertDrop, MSmoe, PuzzleMoe, SlotExperts, align_neurons, average_pair
+from paretolab.plugins.moe.puzzle import (
+    ExpertAverage,
+    ExpertDrop,
+    MSmoe,
+    PuzzleMoe,
+    SlotExperts,
+    align_neurons,
+    average_pair,
+)
 from paretolab.plugins.moe.rfid import RfidMoe, SvdMoe, allocate_ranks
 from paretolab.plugins.moe.testbed import micro_moe
-from paretolab.subject import Subject
 from paretolab.testing import MethodContract
 
 # a small text file: tokenizing the whole pydoc corpus for every calibration draw would dominate these tests
@@ -246,7 +259,7 @@ def test_pull_trains_by_the_train_loop_with_progress_and_saves_a_loadable_model(
     import io
     import json
 
-    from paretolab.models import _load_pretrained
+    from paretolab.models import load_pretrained
     from paretolab.plugins.moe.testbed import Budget, MoeShape, TinyMoe
 
     source = TinyMoe("t", MoeShape(hidden=32, layers=2, heads=2, experts=4, top_k=2, expert_inner=48), Budget(tokens=4 * 8 * 32))
@@ -256,5 +269,5 @@ def test_pull_trains_by_the_train_loop_with_progress_and_saves_a_loadable_model(
     record = json.loads((target / "paretolab.json").read_text())
     assert record["metrics"]["train_steps"] == 4 and record["metrics"]["train_flops"] > 0 and record["stopped_by"] == "tokens"
     assert "tiny-moe: training" in out.getvalue() and "saved" in out.getvalue()
-    loaded = _load_pretrained(str(target), "t")
+    loaded = load_pretrained(str(target), "t")
     assert len(moe_blocks(loaded.model)) == 2

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.generation import generate
-from paretolab.method import Method
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.method import Method
 from paretolab.plugins.mtpc import MTPC, CircuitHeads, fit
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
 from paretolab.testing import MethodContract

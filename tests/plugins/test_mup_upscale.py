@@ -11,8 +11,8 @@ import torch
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
-from paretolab.plugins.mup_upscale import MupUpscale, MuPGroups, width_rules
-from paretolab.subject import Subject
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.mup_upscale import MuPGroups, MupUpscale, width_rules
 from paretolab.testing import MethodContract, logits_of
 from paretolab.training.hooks import training_of
 
@@ -160,7 +160,7 @@ from tests.training.conftest import make_ctx, small, tiny, train_text  # noqa: E
 
 
 def train_stage(subject: Subject, params: dict[str, Any], where: Any, stage: str) -> Subject:
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     return registries().methods.get("train").transform(subject, dict(params), make_ctx(where, stage))
 

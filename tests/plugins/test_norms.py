@@ -11,11 +11,20 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import Method
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.method import Method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import norms
-from paretolab.plugins.norms import BHyT, BHyTNorm, BHyTPostNorm, DyT, DyTMethod, HiddenVar, attention_gain, hidden_variance
-from paretolab.subject import Subject
+from paretolab.plugins.norms import (
+    BHyT,
+    BHyTNorm,
+    BHyTPostNorm,
+    DyT,
+    DyTMethod,
+    HiddenVar,
+    attention_gain,
+    hidden_variance,
+)
 from paretolab.testing import MethodContract
 
 
@@ -188,8 +197,8 @@ def test_trains_as_a_trial_after_re_initialisation(tiny: Subject, tmp_path: Path
     import inspect
     import textwrap
 
-    from paretolab.search import StagePlan
-    from paretolab.trial import TrialSettings, run_trial
+    from paretolab.records import StagePlan, TrialSettings
+    from paretolab.study.trial import run_trial
 
     text = tmp_path / "train.txt"
     text.write_text(inspect.getsource(textwrap), encoding="utf-8")

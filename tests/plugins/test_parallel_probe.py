@@ -10,9 +10,9 @@ import torch
 from paretolab.generation import greedy_decode
 from paretolab.plugins.parallel_probe import ParallelProbe, SelfConsistency
 from paretolab.plugins.parallel_probe.traces import RecordSettings, record, trace_key
-from paretolab.search import StagePlan
+from paretolab.records import StagePlan, TrialSettings
+from paretolab.study.trial import run_trial
 from paretolab.testing import MethodContract
-from paretolab.trial import TrialSettings, run_trial
 
 SMALL = {"n_branches": 3, "probe_grid": 4, "answer_tokens": 3, "questions_per_batch": 2}
 TASK = {"level": 3, "limit": 3, "max_new_tokens": 12, "shots": 1}

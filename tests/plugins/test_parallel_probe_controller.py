@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from paretolab.errors import ConfigError
-from paretolab.plugins.parallel_probe.controller import Branch, ProbeParams, majority, parallel_probe, self_consistency
+from paretolab.plugins.parallel_probe.controller import (
+    Branch,
+    ProbeParams,
+    majority,
+    parallel_probe,
+    self_consistency,
+)
 
 GRID = 4
 

@@ -13,11 +13,17 @@ import torch
 from paretolab import Method, TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.forgetting import Forgetting, ForgettingOptions
 from paretolab.plugins.lora import Lora, params_per_rank
-from paretolab.plugins.plate import Plate, PlateLinear, low_energy_basis, redundant_rows, trainable_count
-from paretolab.subject import Subject
+from paretolab.plugins.plate import (
+    Plate,
+    PlateLinear,
+    low_energy_basis,
+    redundant_rows,
+    trainable_count,
+)
 from paretolab.testing import MethodContract
 
 TRAIN = {"tokens": 1024, "seq_len": 32, "batch": 4, "lr": 1e-2, "eval_every": 4, "eval_tokens": 64, "corpus": "arith-train", "init": "keep"}

@@ -11,9 +11,9 @@ import pytest
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.pmatic import ArithCoding, ByteCodecMethod, Pmatic
 from paretolab.plugins.pmatic.lm_coding import PlainCoder, PmaticCoder
-from paretolab.subject import Subject
 from paretolab.tasks.compression import Compression, CompressionOptions
 from paretolab.testing import MethodContract
 

@@ -11,9 +11,16 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.plugin_manager import registries
-from paretolab.plugins.prac import Prac, PracHook, PracLinear, budget, complement_sample, principal_basis
-from paretolab.subject import Subject
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.prac import (
+    Prac,
+    PracHook,
+    PracLinear,
+    budget,
+    complement_sample,
+    principal_basis,
+)
 from paretolab.testing import MethodContract
 from paretolab.training.hooks import training_of
 from tests.training.conftest import make_ctx, train_text  # noqa: F401  (the train stage's corpus fixture)

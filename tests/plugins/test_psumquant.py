@@ -9,10 +9,16 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import validate_method
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import psumquant
-from paretolab.plugins.psumquant import PsumLinear, PsumQuant, fit_psum_linear, tile_features, tile_psums
-from paretolab.subject import Subject
+from paretolab.plugins.psumquant import (
+    PsumLinear,
+    PsumQuant,
+    fit_psum_linear,
+    tile_features,
+    tile_psums,
+)
 
 SMALL = {"calib_samples": 4, "calib_seq_len": 64, "fit_tokens": 128, "sqnr_tokens": 64}
 

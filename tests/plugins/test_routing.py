@@ -10,12 +10,16 @@ import pytest
 from paretolab.errors import ConfigError
 from paretolab.models import TinyLlama
 from paretolab.plugins.routing import FixedRoute, LazyStackMethod, SDRMethod
-from paretolab.plugins.routing.answers import answers_key, builtin_questions, load_or_record_answers
+from paretolab.plugins.routing.answers import (
+    answers_key,
+    builtin_questions,
+    load_or_record_answers,
+)
 from paretolab.plugins.routing.bed import Bed
 from paretolab.plugins.routing.policies import SDR, Cascade, LazyStack, Random, Stack
-from paretolab.search import StagePlan
+from paretolab.records import StagePlan, TrialSettings
+from paretolab.study.trial import run_trial
 from paretolab.testing import MethodContract
-from paretolab.trial import TrialSettings, run_trial
 
 TASK = {"datasets": "builtin", "limit": 24}
 
@@ -31,8 +35,8 @@ def _roles(tiny) -> dict[str, Any]:
 
 def test_the_worker_loads_each_role_model_once_and_shares_it(monkeypatch, tmp_path):
     import paretolab.models as models
-    import paretolab.worker as worker_module
-    from paretolab.worker import TrialWorker
+    import paretolab.study.worker as worker_module
+    from paretolab.study.worker import TrialWorker
 
     monkeypatch.setattr(worker_module, "_placement", lambda: {})  # outside Ray: never look for a running cluster
 
@@ -85,13 +89,13 @@ def test_recorded_answers_replay_and_any_changed_setting_misses(tiny):
     with __import__("torch").no_grad():
         other.model.lm_head.weight[0, 0] += 1.0  # other weights
     assert answers_key(other, questions) != key
-    from paretolab import recorded
+    from paretolab.data import recorded
 
     assert recorded.record_key({"a": 1}, code=1) != recorded.record_key({"a": 1}, code=2)  # other recorder version
 
 
 def test_models_by_role_in_a_pipeline(tmp_path):
-    from paretolab.spec import parse_spec
+    from paretolab.study.spec import parse_spec
 
     raw = {"name": "r", "models": {"small": "tiny-llama", "large": {"name": "tiny-llama", "price_per_token": 2e-6}},
            "task": {"name": "mc_routing", **TASK}, "stages": [{"method": "sdr"}], "objectives": [{"metric": "acc", "direction": "maximize"}]}

@@ -9,16 +9,27 @@ from typing import Any
 import pytest
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import greedy_decode
 from paretolab.models import TinyLlama, byte_tokenizer
-from paretolab.plugins.select_to_think import LargeOnly, SelectToThink, SmallSelfConsistency, check_shared_tokenizer, large_subject
-from paretolab.plugins.select_to_think.decode import S2TSettings, calibrate_threshold, large_only_decode, s2t_decode
-from paretolab.search import StagePlan
-from paretolab.subject import Subject
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.select_to_think import (
+    LargeOnly,
+    SelectToThink,
+    SmallSelfConsistency,
+    check_shared_tokenizer,
+    large_subject,
+)
+from paretolab.plugins.select_to_think.decode import (
+    S2TSettings,
+    calibrate_threshold,
+    large_only_decode,
+    s2t_decode,
+)
+from paretolab.records import StagePlan, TrialSettings
+from paretolab.study.trial import run_trial
 from paretolab.testing import MethodContract
-from paretolab.trial import TrialSettings, run_trial
 
 CHEAP = {"large": "tiny-llama", "calib_examples": 2, "quantile": 0.5}
 PROMPT = [5, 17, 99, 3, 42, 7, 64, 11]
@@ -205,7 +216,7 @@ def test_the_pipelines_large_role_is_used_shared_and_costed_per_model(tiny) -> N
 
 
 def test_calibration_draws_other_problems_and_needs_a_seeded_task(tiny) -> None:
-    from paretolab.options import parse_options
+    from paretolab.plugin_api.options import parse_options
     from paretolab.plugins.select_to_think import calibration_prompts
     from paretolab.tasks.generation import Arithmetic, prompt_ids
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paretolab.context import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
+from paretolab.plugin_api.context import TrialContext
 from paretolab.plugins.speculative import Speculative
-from paretolab.plugins.speculative.eagle import EagleConfig, EagleDraft, EagleDrafter, LoadedDraft
+from paretolab.plugins.speculative.eagle import (
+    EagleConfig,
+    EagleDraft,
+    EagleDrafter,
+    LoadedDraft,
+)
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
 from paretolab.plugins.speculative.self_draft import LayerSkipDrafter
-from paretolab.plugins.speculative.train import TrainOptions, draft_path, load_draft, train_draft, ttt_forward
+from paretolab.plugins.speculative.train import (
+    TrainOptions,
+    draft_path,
+    load_draft,
+    train_draft,
+    ttt_forward,
+)
 from paretolab.testing import MethodContract
 from tests.conftest import run_cli
 

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from paretolab.errors import ConfigError
-from paretolab.plugins.speculative.train import TrainOptions, draft_path, load_draft, train_draft
+from paretolab.plugins.speculative.train import (
+    TrainOptions,
+    draft_path,
+    load_draft,
+    train_draft,
+)
 
 
 class _Planted:

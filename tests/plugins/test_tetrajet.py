@@ -11,10 +11,27 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.plugin_manager import registries
-from paretolab.plugins._nvfp4 import E2M1_GRID, mxfp8, nvfp4, random_hadamard, round_e2m1, rotate16, to_e4m3
-from paretolab.plugins.tetrajet import NVFP4Linear, Recipe, TetraJet, TetraJetHook, _NVFP4Linear, osci_reset, osci_snapshot, osci_track
-from paretolab.subject import Subject
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._nvfp4 import (
+    E2M1_GRID,
+    mxfp8,
+    nvfp4,
+    random_hadamard,
+    rotate16,
+    round_e2m1,
+    to_e4m3,
+)
+from paretolab.plugins.tetrajet import (
+    NVFP4Linear,
+    Recipe,
+    TetraJet,
+    TetraJetHook,
+    _NVFP4Linear,
+    osci_reset,
+    osci_snapshot,
+    osci_track,
+)
 from paretolab.testing import MethodContract
 from paretolab.training.hooks import training_of
 from tests.training.conftest import make_ctx, train_text  # noqa: F401  (the train stage's corpus fixture)

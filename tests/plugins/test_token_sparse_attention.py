@@ -12,13 +12,13 @@ from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.generation import forward_with_cache, generate
 from paretolab.models import TinyLlama
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.token_sparse_attention import (
     SparseSettings,
     TokenSparseAttention,
     select_tokens,
     token_sparse_attention_forward,
 )
-from paretolab.subject import Subject
 from paretolab.testing import MethodContract
 
 # Small enough for the tiny model's 64-token prompts to be sparsified.

@@ -9,11 +9,11 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
-from paretolab.method import validate_method
+from paretolab.plugin_api.method import validate_method
+from paretolab.plugin_api.subject import Subject
 from paretolab.plugins import wanda
 from paretolab.plugins.baselines import Magnitude, linear_weights
 from paretolab.plugins.wanda import Wanda, activation_norms, mask_lowest, wanda_mask
-from paretolab.subject import Subject
 from paretolab.testing import MethodContract, sample_params
 
 CALIB_TEXT = "The quick brown fox jumps over the lazy dog while the compiler checks every branch. " * 40
@@ -142,7 +142,7 @@ def test_wanda_beats_magnitude_at_50_percent_on_smollm2(tmp_path: Path, capsys: 
 
 @pytest.mark.parametrize("pipeline", ["wanda_vs_magnitude.yaml", "macko.yaml"])
 def test_pipelines_validate(pipeline: str) -> None:
-    from paretolab.spec import load_spec
+    from paretolab.study.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "pipelines" / pipeline)
     assert spec.model == "smollm2-135m" and [o.metric for o in spec.objectives] == ["ppl", "size_bytes"]

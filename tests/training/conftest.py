@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paretolab.context import TrialContext
+from paretolab.plugin_api.context import TrialContext
 
 # A few stdlib modules' sources: offline, ~300 KB, and a different text from the pydoc corpus the test tasks score on.
 _MODULES = ("argparse", "textwrap", "dataclasses", "json.decoder", "json.encoder", "string", "functools", "inspect")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paretolab.errors import ConfigError
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
 from paretolab.training import TrainingHook, training_of
 from tests.training.conftest import make_ctx
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from paretolab.errors import ConfigError
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
 from paretolab.training import training_of
 from paretolab.training.loop import lr_factor
 from tests.training.conftest import make_ctx
@@ -101,8 +101,8 @@ def test_bad_params_name_the_field_the_value_and_the_fix(tiny, small, tmp_path, 
 
 
 def test_a_trial_reports_the_curve_as_metric_history(tiny, small):
-    from paretolab.search import StagePlan
-    from paretolab.trial import TrialSettings, run_trial
+    from paretolab.records import StagePlan, TrialSettings
+    from paretolab.study.trial import run_trial
 
     settings = TrialSettings("t", "perplexity", {"corpus": "pydoc", "max_tokens": 256, "context": 64, "stride": 64}, {"params": {}}, seed=0,
                              cpus=1, timeout_s=600)
@@ -124,7 +124,7 @@ def _pipeline(train_params: dict) -> dict:
     ({"flops": "1e12"}, r"stages\.stage0\.train\.params\.flops: '1e12' is text, not a number .*write it as 1\.0e12"),
 ])
 def test_a_pipeline_is_refused_before_any_trial(train_text, params, message):
-    from paretolab.spec import parse_spec
+    from paretolab.study.spec import parse_spec
 
     with pytest.raises(ConfigError, match=message):
         parse_spec(_pipeline({"corpus": train_text, **params}))

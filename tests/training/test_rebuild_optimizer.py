@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.manager import registries
 from paretolab.training import TrainingHook, training_of
 from tests.training.conftest import make_ctx
 

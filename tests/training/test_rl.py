@@ -12,7 +12,16 @@ from paretolab.generation import decode_batch
 from paretolab.plugins.replay import Replay
 from paretolab.training import arithmetic
 from paretolab.training.flops import ATTENTION_FORMULAS
-from paretolab.training.rl import RL, Rollouts, RLOptions, clipped_policy_loss, generation_flops, group_advantages, pack, prompt_width
+from paretolab.training.rl import RL
+from paretolab.training.rollouts import (
+    RLOptions,
+    Rollouts,
+    clipped_policy_loss,
+    generation_flops,
+    group_advantages,
+    pack,
+    prompt_width,
+)
 
 from .conftest import make_ctx
 
@@ -81,7 +90,7 @@ def run_stage(subject, tmp_path, **params):
 
 
 def test_rl_stage_runs_a_few_steps_on_scratch_1m(tmp_path) -> None:
-    from paretolab.plugin_manager import registries
+    from paretolab.plugin_api.manager import registries
 
     subject = registries().models.get("scratch-1m").load()
     before = [p.detach().clone() for p in subject.model.parameters()]

@@ -12,10 +12,10 @@ import textwrap
 import pytest
 import torch
 
-from paretolab import plugin_manager
 from paretolab.cli import main
 from paretolab.errors import SaveNameError
 from paretolab.models import load_subject
+from paretolab.plugin_api import manager as plugin_manager
 from paretolab.training.checkpoints import save_trained, trained_dir
 from paretolab.training.method import check_save_as
 from paretolab.training.tokenizer import ensure_tokenizer

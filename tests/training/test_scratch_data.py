@@ -6,9 +6,16 @@ import warnings
 
 import pytest
 
-from paretolab.data import PYSTDLIB_SHA256, calibration_ids, load_corpus, pystdlib_files, pystdlib_split, python_version
+from paretolab.data import (
+    calibration_ids,
+    load_corpus,
+    pystdlib_files,
+    pystdlib_split,
+    python_version,
+)
+from paretolab.data.corpora import PYSTDLIB_SHA256
 from paretolab.errors import ConfigError
-from paretolab.options import parse_options
+from paretolab.plugin_api.options import parse_options
 from paretolab.tasks.perplexity import PerplexityOptions
 from paretolab.training import tokenizer as tok
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paretolab.context import TrialContext
-from paretolab.measures import unique_parameters
 from paretolab.models import quality_note
-from paretolab.plugin_manager import registries
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.storage import unique_parameters
 from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
 from paretolab.training.models import PRESETS
 

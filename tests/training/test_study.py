@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import BIN, run_cli, wait_for
-from tests.core.test_study import mlflow_trial_runs, optuna_trials
+from tests.study.test_study import mlflow_trial_runs, optuna_trials
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

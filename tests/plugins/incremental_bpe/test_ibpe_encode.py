@@ -13,7 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paretolab.plugins.incremental_bpe import IncrementalBPE
-from paretolab.plugins.incremental_bpe._unicode_classes import class_table, derive_classes
+from paretolab.plugins.incremental_bpe._unicode_classes import (
+    class_table,
+    derive_classes,
+)
+
 
 def _data(relative: str) -> Path:
     """A shared evaluation file, found the way paretolab finds data ($PARETOLAB_DATA_DIR, shared/data)."""

@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from paretolab.plugins.incremental_bpe import IncrementalBPE
 from paretolab.plugins.incremental_bpe._reference import ReferenceBPE
-from paretolab.plugins.incremental_bpe._vocab import BPETables, bpe_by_merging, build_tables, bytes_to_unicode
+from paretolab.plugins.incremental_bpe._vocab import (
+    BPETables,
+    bpe_by_merging,
+    build_tables,
+    bytes_to_unicode,
+)
 
 
 def test_reachable_tokens_are_exactly_those_bpe_outputs_whole(tok_py: IncrementalBPE) -> None:
@@ -105,6 +110,9 @@ def test_incremental_bpe_equals_merging_on_random_vocabularies(
 
 
 def _c_engine_or_none(tables: BPETables) -> Any:
-    from paretolab.plugins.incremental_bpe._tokenizer import _c_engine, c_extension_available
+    from paretolab.plugins.incremental_bpe._tokenizer import (
+        _c_engine,
+        c_extension_available,
+    )
 
     return _c_engine(tables) if c_extension_available() else None

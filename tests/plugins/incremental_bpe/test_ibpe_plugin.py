@@ -9,9 +9,12 @@ from typing import Any
 import torch
 
 import paretolab
-from paretolab.method import validate_method
+from paretolab.plugin_api.method import validate_method
 from paretolab.plugins import incremental_bpe
-from paretolab.plugins.incremental_bpe import IncrementalBPEMethod, IncrementalBPETokenizer
+from paretolab.plugins.incremental_bpe import (
+    IncrementalBPEMethod,
+    IncrementalBPETokenizer,
+)
 
 
 def _subject(hf: Any) -> paretolab.Subject:
@@ -59,7 +62,11 @@ def test_measure_reports_the_four_metrics_quickly(hf: Any, tmp_path: Path) -> No
 def test_throughput_is_timed_once_on_first_seen_text_and_the_worst_case_has_every_punctuation_run(hf: Any, monkeypatch: Any) -> None:
     import string
 
-    from paretolab.plugins.incremental_bpe import IncrementalBPE, _PATHOLOGICAL, measure_tokenizer
+    from paretolab.plugins.incremental_bpe import (
+        _PATHOLOGICAL,
+        IncrementalBPE,
+        measure_tokenizer,
+    )
 
     calls: list[tuple[int, int]] = []  # (engine, text length) of every encode
     real = IncrementalBPE.encode

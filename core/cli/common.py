@@ -1,0 +1,26 @@
+"""What the commands share: the stores their flags name, and a plain-text table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def stores_from_flags(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """The stores the flags name; only `run` (create=True) may create them."""
+    from paretolab.stores import resolve_stores
+
+    return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri, create=create)
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(cell_text(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(cell_text(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def cell_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)

@@ -1,0 +1,163 @@
+"""The argument parser of the `paretolab` command: every verb, its flags and the help that teaches them.
+
+The commands themselves import what they need when they run, so `paretolab --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from paretolab.cli.catalog import cmd_models_list, cmd_models_pull, cmd_plugins
+from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report, cmd_studies
+from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
+
+EPILOG = """examples:
+  paretolab run pipelines/smoke.yaml              run a study on a local Ray
+  paretolab run pipelines/demo.yaml --trials 20   run (or extend) with 20 trials in all
+  paretolab run pipelines/demo.yaml --resume      continue an interrupted study
+  paretolab frontier demo                         the Pareto set of study 'demo'
+  paretolab plugins                               every method, task, measure and model
+  paretolab models pull smollm2-135m              convert the default model once
+  paretolab draft train --budget-min 15           train the EAGLE draft for speculative decoding
+  paretolab dashboard                             browse studies and frontiers on http://127.0.0.1:8501
+  paretolab submit pipelines/demo.yaml --address http://HEAD:8265   run the study as a job on a Ray cluster
+  paretolab jobs status JOB_ID --address http://HEAD:8265           follow it (list, status, logs, stop)
+"""
+
+
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("stores (default: SQLite files under ./.paretolab)")
+    g.add_argument("--home", help="folder for the default SQLite stores (env PARETOLAB_HOME; default .paretolab)")
+    g.add_argument("--storage", help="Optuna storage, any SQLAlchemy URL (env PARETOLAB_OPTUNA_STORAGE)")
+    g.add_argument("--tracking-uri", help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
+
+
+# the speedups against the unmodified model (timed beside each trial) lead; absolute times follow
+REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,depth_alpha,depth_fit_r2,depth_ce_inf,prefill_speedup,decode_speedup,prefill_ms,decode_tok_s,energy_j"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paretolab",
+        description="Map the quality/cost Pareto frontier of ML efficiency methods.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a study from a pipeline YAML", description=(
+        "Run the study a pipeline file describes: Optuna proposes parameters, Ray workers apply the "
+        "methods to the model, evaluate quality and measure cost; every trial is recorded in Optuna and MLflow."
+    ))
+    run.add_argument("pipeline", help="path to a pipeline YAML (see pipelines/README or the README's reference)")
+    run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
+    run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
+    run.add_argument("--retry-failed", action="store_true", help="with --resume: run the parameters of failed trials again (e.g. after a crash killed them)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
+    _store_flags(run)
+    run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="run a study as a job on a Ray cluster (Ray's job submission API)", description=(
+        "Validate the pipeline here, then submit its study to a Ray cluster as a job that carries the pipeline and "
+        "paretolab's code; prints the job id. The job runs `paretolab run PIPELINE --resume` on the cluster, so "
+        "submitting the same pipeline again finishes a study whose driver died. Stores: --storage/--tracking-uri "
+        "(without a password: Ray keeps a job's settings in clear), else the cluster nodes' own PARETOLAB_* settings. "
+        "A cluster with token authentication needs its token here: RAY_AUTH_TOKEN or ~/.ray/auth_token."
+    ))
+    submit.add_argument("pipeline", help="path to a pipeline YAML")
+    submit.add_argument("--address", help="the Ray head's dashboard URL, e.g. http://HEAD:8265 (env RAY_ADDRESS)")
+    submit.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    submit.add_argument("--storage", help="Optuna storage URL for the job (no password in it; see --help)")
+    submit.add_argument("--tracking-uri", help="MLflow tracking URI for the job (an MLflow server reachable from the cluster)")
+    submit.add_argument("--no-code", action="store_true", help="use the paretolab and plugins installed on the cluster instead of shipping this machine's")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = sub.add_parser("jobs", help="list, inspect, read the logs of, or stop Ray jobs")
+    jsub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    jsub.required = True
+    for action, text in (("list", "every job on the cluster, newest first"), ("status", "one job's status"),
+                         ("logs", "one job's driver output"), ("stop", "stop a job: its running trials are recorded as failed")):
+        jp = jsub.add_parser(action, help=text)
+        if action != "list":
+            jp.add_argument("job_id", help="the id `paretolab submit` printed")
+        jp.add_argument("--address", help="the Ray head's dashboard URL, e.g. http://HEAD:8265 (env RAY_ADDRESS)")
+        if action in ("list", "status"):
+            jp.add_argument("--json", action="store_true", help="machine-readable output")
+        if action == "stop":
+            jp.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to end (default 30; 0: do not wait)")
+        jp.set_defaults(func=cmd_jobs)
+
+    plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
+        "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
+        "cost saving is real (a stored format or kernel) or simulated."
+    ))
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(func=cmd_plugins)
+
+    models = sub.add_parser("models", help="list or pull models")
+    msub = models.add_subparsers(dest="models_command", metavar="ACTION")
+    msub.required = True
+    mlist = msub.add_parser("list", help="registered models and whether they are cached")
+    mlist.set_defaults(func=cmd_models_list)
+    mpull = msub.add_parser("pull", help="fetch/convert a model once so later loads are fast and offline")
+    mpull.add_argument("name", nargs="?", default="smollm2-135m", help="model name (default smollm2-135m)")
+    mpull.set_defaults(func=cmd_models_pull)
+
+    draft = sub.add_parser("draft", help="train the EAGLE draft that speculative decoding uses")
+    dsub = draft.add_subparsers(dest="draft_command", metavar="ACTION")
+    dsub.required = True
+    dtrain = dsub.add_parser("train", help="cache the target's hidden states once, then train (or continue) the draft", description=(
+        "Run the target once over the training part of a corpus and cache its low/middle/high hidden states and greedy "
+        "tokens, then train the one-layer EAGLE draft on them for a wall-clock budget (CPU is fine). The draft is saved "
+        "under the cache dir (drafts/MODEL/eagle.pt) every minute and at the end; a second run continues it."
+    ))
+    dtrain.add_argument("--model", default="smollm2-135m", help="target model (default smollm2-135m)")
+    dtrain.add_argument("--budget-min", type=float, default=15.0, help="minutes of training in this run (default 15; features not included)")
+    dtrain.add_argument("--corpus", default="pydoc", help="training corpus; its last 10%% is held out for prompts (default pydoc)")
+    dtrain.add_argument("--tokens", type=int, default=16384, help="target tokens whose hidden states are cached (default 16384)")
+    dtrain.add_argument("--seq-len", type=int, default=256, help="training window in tokens (default 256)")
+    dtrain.add_argument("--vocab", type=int, default=4096, help="draft vocabulary: the target's most frequent tokens (default 4096)")
+    dtrain.add_argument("--ttt-steps", type=int, default=3, help="training-time-test rollout steps (default 3)")
+    dtrain.add_argument("--fresh", action="store_true", help="start over instead of continuing an existing draft")
+    dtrain.add_argument("--no-progress", action="store_true", help="no progress bars")
+    dtrain.set_defaults(func=cmd_draft_train)
+
+    frontier = sub.add_parser("frontier", help="the non-dominated trials of a study, as a table", description=(
+        "Read a study from the stores and print its Pareto set on the pipeline's objectives."
+    ))
+    frontier.add_argument("study", help="study name (the pipeline's `name`)")
+    frontier.add_argument("--json", action="store_true", help="machine-readable output")
+    _store_flags(frontier)
+    frontier.set_defaults(func=cmd_frontier)
+
+    report = sub.add_parser("report", help="method-vs-baseline tables of studies, as Markdown", description=(
+        "For each study, group complete trials by method (the stages that ran, e.g. 'wanda+rtn') and print "
+        "each method's own non-dominated trials (or every trial with --trials all) with the chosen metrics; "
+        "with an unmodified-model trial ('none') the first objective is also shown relative to it. "
+        "Metric columns no trial reported are left out. --output writes a whole Markdown document, "
+        "e.g. `paretolab report wanda_vs_magnitude macko --trials all --output pipelines/README.md`."
+    ))
+    report.add_argument("studies", nargs="+", help="study names")
+    report.add_argument("--metrics", default=REPORT_METRICS, help=f"comma-separated metric columns after the study's objectives, which are always shown (default {REPORT_METRICS})")
+    report.add_argument("--trials", choices=("frontier", "all"), default="frontier", help="each method's Pareto set (default) or every complete trial")
+    report.add_argument("--output", metavar="FILE", help="write a Markdown document to FILE instead of printing the tables")
+    _store_flags(report)
+    report.set_defaults(func=cmd_report)
+
+    studies = sub.add_parser("studies", help="list the studies in the stores with trial counts")
+    _store_flags(studies)
+    studies.set_defaults(func=cmd_studies)
+
+    dashboard = sub.add_parser("dashboard", help="browse studies, frontiers and trials in a web app (Streamlit)", description=(
+        "Start the Streamlit dashboard on the stores: studies, Pareto frontiers, trials, comparisons, methods and the "
+        "Ray cluster. It only reads the stores. Bound to 127.0.0.1 unless --host says otherwise."
+    ))
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dashboard.add_argument("--address", help="Ray cluster address for the Cluster page (env PARETOLAB_RAY_ADDRESS); default: local")
+    _store_flags(dashboard)
+    dashboard.set_defaults(func=cmd_dashboard)
+    return parser

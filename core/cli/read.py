@@ -1,0 +1,117 @@
+"""Commands that read the stores: `frontier`, `report`, `studies`, and `dashboard` (which only reads them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paretolab.cli.common import print_table, stores_from_flags
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    from paretolab.results.read import frontier_rows, print_frontier, study_quality_note
+
+    stores = stores_from_flags(args)
+    rows = frontier_rows(args.study, stores)
+    note = study_quality_note(args.study, stores)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        if note:
+            print(f"paretolab: warning: {note}", file=sys.stderr)
+    else:
+        print_frontier(args.study, rows)
+        if note:
+            print(f"warning: {note}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from paretolab.errors import ConfigError
+    from paretolab.results.section import study_section
+
+    stores = stores_from_flags(args)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    sections = []
+    for name in args.studies:
+        try:
+            sections.append(study_section(name, stores, metrics, frontier=args.trials == "frontier"))
+        except ConfigError as exc:
+            if len(args.studies) == 1:
+                raise
+            print(f"paretolab: warning: {exc}", file=sys.stderr)
+            sections.append(f"## {name}\n\nNot in the stores yet: run its pipeline (`paretolab run pipelines/{name}.yaml`).\n")
+    if not args.output:
+        print("\n".join(sections))
+        return 0
+    command = "paretolab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    head = [
+        "# Results of the pipelines",
+        "",
+        f"Generated from the stored studies by `{command}`; not edited by hand. Rerun that command",
+        "after the studies change. `cost` says whether a saving is real (a stored format or a kernel",
+        "that runs) or simulated (fake quantization, masks); latency columns are measured on the machine",
+        "that ran the study, so compare them within a table, not across machines. A study whose pipeline",
+        "carries a `claim:` opens with it and its verdict on the stored trials (paired with the baseline",
+        "on the same seed and settings; 95 % t interval over the pairs).",
+        "",
+    ]
+    Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")
+    print(f"wrote {args.output} ({len(sections)} studies)")
+    return 0
+
+
+def cmd_studies(args: argparse.Namespace) -> int:
+    from paretolab.results.read import print_failures, study_summaries
+
+    rows = study_summaries(stores_from_flags(args))
+    if not rows:
+        print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
+        return 0
+    print_table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
+    for row in rows:
+        print_failures(row["study"], row["failures"])
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from paretolab.errors import ConfigError
+
+    try:
+        import streamlit  # noqa: F401
+
+        import paretolab.dashboard
+    except ImportError as exc:
+        raise ConfigError(f"the dashboard needs streamlit and plotly ({exc}); pip install streamlit plotly") from None
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port: expected 1..65535, got {args.port}")
+    stores = stores_from_flags(args)
+    app = Path(paretolab.dashboard.__file__).with_name("app.py")
+    # Stores travel as environment variables, not arguments, so a password in a URL stays out of `ps`.
+    env = {**os.environ, "PARETOLAB_OPTUNA_STORAGE": stores.optuna_url, "PARETOLAB_TRACKING_URI": stores.tracking_uri,
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    if args.address:
+        env["PARETOLAB_RAY_ADDRESS"] = args.address
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--server.runOnSave", "false",
+        "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+    ]
+    redacted = stores.redacted()
+    print(f"paretolab dashboard on http://{args.host}:{args.port} (Optuna {redacted.optuna_url}, MLflow {redacted.tracking_uri}); Ctrl-C stops it", flush=True)
+    if os.name == "posix":
+        # Become Streamlit (exec), so Ctrl-C and a service manager's SIGTERM reach the server and no child is left behind.
+        sys.stdout.flush()
+        os.execve(sys.executable, cmd, env)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130

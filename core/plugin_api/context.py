@@ -1,0 +1,64 @@
+"""What a method sees of the trial it runs in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.plugin_api.costs import CostLedger
+
+
+@dataclass
+class TrialContext:
+    """Per-trial facts and helpers handed to ``transform``, ``evaluate`` and ``measure``.
+
+    ``seed`` is the study seed plus the trial number: use ``generator()`` for any randomness
+    so that a trial is reproducible from its number. ``device`` is the subject's device: put new
+    tensors there. Files written under ``workdir`` and listed with ``add_artifact`` are logged
+    to MLflow by the driver. ``base`` is the worker's unmodified subject (shared by every trial
+    of the worker: read it, never change it). ``stage_s`` / ``stage_energy_j`` hold the stages
+    finished so far (a measure sees every transform stage and ``evaluate``). ``models`` holds the
+    pipeline's ``models:`` by role (``small``, ``large``, ...), loaded once per worker and shared by
+    its trials: read them, never change them; record what each role's model did in ``costs``.
+    """
+
+    seed: int
+    workdir: Path
+    study: str = ""
+    trial_number: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    stage: str = ""
+    cpus: float = 0.0  # the trial's resources.cpus (0: not set); timing measures fix torch's threads to it
+    base: Any = None  # the unmodified base Subject, for measures that time it beside the method; never modify it
+    task: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.time() when the driver gives up on this trial (None: no limit); long stages stop before it
+    artifacts: list[Path] = field(default_factory=list)
+    # the trial's finished windows so far, live: "copy", "transform:<stage id>", "evaluate" (seconds; joules, see paretolab.energy)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    stage_energy_j: dict[str, float] = field(default_factory=dict)
+    models: dict[str, Any] = field(default_factory=dict)  # role -> Subject, shared read-only by the worker's trials
+    costs: CostLedger = field(default_factory=CostLedger)  # per-role calls, tokens, seconds (see paretolab.costs)
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A seeded torch RNG for this trial (``offset`` separates independent streams)."""
+        return torch.Generator(device="cpu").manual_seed(self.seed + offset)  # CPU: the same stream on any device
+
+    def calibration_ids(self, tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 16, seq_len: int = 256) -> torch.Tensor:
+        """(n_samples, seq_len) calibration token ids from ``corpus``, seeded by the trial."""
+        from paretolab.data import calibration_ids
+
+        return calibration_ids(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=self.seed)
+
+    def add_artifact(self, name: str, content: str | bytes) -> Path:
+        """Write a file into this trial's workdir and have it logged as an MLflow artifact."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.workdir / name
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        else:
+            path.write_bytes(content)
+        self.artifacts.append(path)
+        return path

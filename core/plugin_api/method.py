@@ -1,0 +1,134 @@
+"""The method interface: what every efficiency technique implements to join a study."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+    from paretolab.plugin_api.context import TrialContext
+    from paretolab.plugin_api.subject import Subject
+
+KINDS = ("weights", "decoding", "tokenizer", "training", "architecture", "routing", "coding", "tabular")
+COST_KINDS = ("real", "simulated")
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Where a method comes from."""
+
+    title: str
+    venue: str = ""
+    url: str = ""
+
+    def __str__(self) -> str:
+        parts = [self.title, self.venue, self.url]
+        return " — ".join(p for p in parts if p)
+
+
+class Method:
+    """Base class for a method plugin.
+
+    Subclasses set the class attributes and implement ``transform``. ``transform`` gets its
+    own copy of the subject (the worker copies the base model per trial), may change it in
+    place, and returns it; the tokenizer alone is shared between trials, so a method replaces it
+    (with a changed copy) instead of changing it. ``params`` holds this method's parameters without prefixes.
+
+    ``cost_is`` says whether the cost saving is ``real`` (a stored format or a kernel that
+    actually runs) or ``simulated`` (fake quantization, masks on dense weights); the
+    dashboard and the CLI show it so nobody mistakes one for the other.
+    """
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "weights"
+    paper: ClassVar[Paper | str | None] = None
+    cost_is: ClassVar[str] = "simulated"
+    requires: ClassVar[tuple[str, ...]] = ()  # importable modules this method needs
+    # Metrics this method adds to a trial (from evaluate, measure or its generator's stats):
+    # a pipeline may only take an objective that its task, measures or methods declare.
+    metrics: ClassVar[tuple[str, ...]] = ()
+
+    def search_space(self) -> dict[str, BaseDistribution]:
+        """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
+        return {}
+
+    def defaults(self) -> dict[str, Any]:
+        """Values used for parameters that neither the pipeline nor the search space set."""
+        return {}
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        """Apply the method to ``subject`` (a private copy) and return it."""
+        raise NotImplementedError(f"method {self.name!r} does not implement transform()")
+
+    def evaluate(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        """Extra quality metrics, after the pipeline's task ran. Default: none."""
+        return {}
+
+    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        """Extra cost metrics, after the standard measures ran. Default: none."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """A plain-data description for `paretolab plugins` and the dashboard."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "paper": str(self.paper) if self.paper else "",
+            "cost_is": self.cost_is,
+            "metrics": list(self.metrics),
+            "search_space": {k: _describe_distribution(d) for k, d in self.search_space().items()},
+        }
+
+
+class NoMethod(Method):
+    """The identity: keeps the model as it is (the reference point of every frontier)."""
+
+    name = "none"
+    kind = "weights"
+    cost_is = "real"
+
+    def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
+        return subject
+
+
+def validate_method(method: object, owner: str) -> None:
+    """Refuse a method object that breaks the interface, naming the plugin and the field."""
+    from paretolab.errors import PluginError
+
+    where = f"method {getattr(method, 'name', '?')!r} from plugin {owner!r}"
+    if not isinstance(method, Method):
+        raise PluginError(f"{where}: register() needs a paretolab.Method instance, got {type(method).__name__}")
+    if method.kind not in KINDS:
+        raise PluginError(f"{where}: kind must be one of {', '.join(KINDS)}; got {method.kind!r}")
+    if method.cost_is not in COST_KINDS:
+        raise PluginError(f"{where}: cost_is must be 'real' or 'simulated'; got {method.cost_is!r}")
+    try:
+        space = method.search_space()
+    except Exception as exc:
+        raise PluginError(f"{where}: search_space() raised {exc!r}") from exc
+    from optuna.distributions import BaseDistribution
+
+    for key, dist in space.items():
+        if not isinstance(dist, BaseDistribution):
+            raise PluginError(f"{where}: search_space()[{key!r}] must be an optuna distribution, got {dist!r}")
+
+
+def _describe_distribution(dist: Any) -> str:
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if isinstance(dist, CategoricalDistribution):
+        return "one of " + ", ".join(repr(c) for c in dist.choices)
+    if isinstance(dist, (FloatDistribution, IntDistribution)):
+        text = f"{dist.low}..{dist.high}"
+        if dist.log:
+            text += " (log)"
+        if dist.step not in (None, 1) or isinstance(dist, FloatDistribution) and dist.step:
+            text += f" step {dist.step}"
+        return text
+    return repr(dist)

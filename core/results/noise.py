@@ -1,0 +1,126 @@
+"""Quality differences with their uncertainty, read back from stored trials (report and frontier).
+
+A trial's quality numbers carry their per-example scores as the ``per_example.json`` MLflow
+artifact (see :mod:`paretolab.stats`). Two trials evaluated on the same examples (or windows)
+are compared paired: one bootstrap resamples the same units for both. Where a trial has no
+artifact (older runs), the comparison falls back to the unpaired test on the logged standard
+errors and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from paretolab.stats import (
+    ARTIFACT,
+    PairedDifference,
+    interval,
+    paired_difference,
+    samples,
+)
+
+QUALITY = ("acc", "acc_norm", "ppl", "nll")
+Fetch = Callable[[str], "dict[str, Any] | None"]
+
+
+def artifact_reader(tracking_uri: str) -> Fetch:
+    """run id -> its ``per_example.json`` payload (None when the run has none), read once per run."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per trial would drown the report
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    cache: dict[str, dict[str, Any] | None] = {}
+
+    def fetch(run_id: str) -> dict[str, Any] | None:
+        if run_id not in cache:
+            cache[run_id] = None
+            if run_id:
+                try:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        cache[run_id] = json.loads(Path(client.download_artifacts(run_id, ARTIFACT, tmp)).read_text())
+                except Exception:  # no artifact (a run from before per-example scores, or a task without them)
+                    cache[run_id] = None
+        return cache[run_id]
+
+    return fetch
+
+
+def difference(a: dict[str, Any], b: dict[str, Any], metric: str, fetch: Fetch) -> PairedDifference | None:
+    """``a[metric] - b[metric]`` for two trial rows: paired on their per-example scores, else unpaired (n = 0)."""
+    pa, pb = fetch(a.get("run_id", "")), fetch(b.get("run_id", ""))
+    sa, sb = (samples(pa, metric) if pa else None), (samples(pb, metric) if pb else None)
+    if sa is not None and sb is not None:
+        paired = paired_difference(sa, sb)
+        if paired is not None:
+            return paired
+    ia, ib = interval(a, metric), interval(b, metric)
+    if ia is None or ib is None or metric not in a or metric not in b:
+        return None
+    # unpaired: the difference's 95 % interval from the two intervals' half-widths, in quadrature
+    half = ((ia[1] - ia[0]) ** 2 + (ib[1] - ib[0]) ** 2) ** 0.5 / 2
+    diff = float(a[metric]) - float(b[metric])
+    return PairedDifference(diff, diff - half, diff + half, 0, "unpaired")
+
+
+def quality_cells(rows: list[dict[str, Any]], baseline: dict[str, Any] | None, metrics: list[str], fetch: Fetch) -> list[str]:
+    """Give each row its quality ± interval and, against ``baseline``, the difference with its interval.
+
+    Writes ``row[metric]`` as text (``0.652 ± 0.021`` with 1 standard error, or ``23.4 [22.1, 24.9]``
+    for a 95 % interval), ``row["n"]`` (the sample size) and ``row[f"Δ{metric} vs none"]``; returns
+    the added difference columns.
+    """
+    added: list[str] = []
+    for metric in [m for m in metrics if m in QUALITY and any(m in r for r in rows)]:
+        column = f"Δ{metric} vs none"
+        for row in rows:
+            if baseline is not None and row is not baseline and metric in row:
+                d = difference(row, baseline, metric, fetch)
+                if d is not None:
+                    row[column] = describe(d)
+                    added += [column] if column not in added else []
+        for row in rows:
+            if metric in row:
+                row[metric] = with_interval(row, metric)
+    for row in rows:
+        row["n"] = sample_size(row)
+    return added
+
+
+def describe(d: PairedDifference) -> str:
+    """``+0.012 [-0.004, +0.030] within noise`` (paired over n examples, or marked unpaired)."""
+    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s"
+    verdict = "within noise" if d.within_noise else "beyond noise"
+    return f"{d.diff:+.4g} [{d.low:+.4g}, {d.high:+.4g}] {verdict} ({how})"
+
+
+def with_interval(row: dict[str, Any], metric: str) -> str:
+    value = float(row[metric])
+    stderr = row.get(f"{metric}_stderr")
+    if stderr is not None:
+        return f"{value:.4g} ± {float(stderr):.2g}"
+    span = interval(row, metric)
+    return f"{value:.4g} [{span[0]:.4g}, {span[1]:.4g}]" if span else f"{value:.4g}"
+
+
+def sample_size(row: dict[str, Any]) -> str:
+    """What the quality numbers rest on: ``200 examples`` or ``8 windows`` (empty when not logged)."""
+    parts = [f"{int(row[k])} {unit}" for k, unit in (("n_examples", "examples"), ("n_windows", "windows")) if row.get(k) is not None]
+    return ", ".join(parts)
+
+
+def mark_indistinguishable(rows: list[dict[str, Any]], metrics: list[str], fetch: Fetch) -> None:
+    """On a frontier sorted along it, set ``row["noise"]`` to the neighbours whose quality is within noise of the row's."""
+    for row in rows:
+        row.setdefault("noise", "")
+    for left, right in zip(rows, rows[1:]):
+        for metric in metrics:
+            d = difference(left, right, metric, fetch) if metric in QUALITY else None
+            if d is not None and d.within_noise:
+                for a, b in ((left, right), (right, left)):
+                    note = f"{metric} ≈ trial {b['trial']}"
+                    a["noise"] = f"{a['noise']}; {note}" if a["noise"] else note

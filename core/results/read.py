@@ -1,0 +1,203 @@
+"""Reading studies back from the stores: frontiers, per-method tables, summaries and failure reasons
+(used by the CLI and the results document; the dashboard reads through its own cache)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+
+from paretolab.errors import ConfigError
+from paretolab.models import quality_note
+from paretolab.results.frontier import pareto_indices
+from paretolab.results.noise import QUALITY, artifact_reader, mark_indistinguishable
+from paretolab.stores.locations import Stores
+from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
+
+
+def load_study(name: str, stores: Stores) -> optuna.Study:
+    """Study ``name``, read only: a missing store is an error, never created."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not exists(stores.optuna_url):
+        raise ConfigError(f"no study {name!r}: nothing has run with these stores yet (no {sqlite_file(stores.optuna_url)}); "
+                          "check --home / --storage, or run its pipeline first")
+    storage = optuna_storage(stores, create=False)
+    try:
+        return guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=name, storage=storage))
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no study {name!r} in {stores.redacted().optuna_url}{hint} (studies: {', '.join(names) or 'none'})") from None
+
+
+def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
+    """The non-dominated complete trials with their objective values and parameters."""
+    study = load_study(name, stores)
+    objectives = study.user_attrs.get("objectives") or [[f"objective{i}", d.name.lower()] for i, d in enumerate(study.directions)]
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    front = pareto_indices([t.values for t in trials], [d for _, d in objectives])
+    rows = []
+    for i in sorted(front, key=lambda i: trials[i].values[0]):
+        t = trials[i]
+        row: dict[str, Any] = {"trial": t.number}
+        row.update({metric: value for (metric, _), value in zip(objectives, t.values)})
+        row["params"] = dict(t.params)
+        row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id", "")
+        rows.append(row)
+    _mark_noise(rows, [m for m, _ in objectives], stores)
+    return rows
+
+
+def study_quality_note(name: str, stores: Stores) -> str:
+    """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
+    attrs = load_study(name, stores).user_attrs
+    return quality_note(str(attrs.get("model", "")), attrs.get("pipeline") or {})
+
+
+def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores) -> None:
+    """``row["noise"]``: frontier neighbours whose quality objective is within noise of this row's."""
+    quality = [m for m in objectives if m in QUALITY]
+    if not quality or len(rows) < 2:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    views = []
+    for row in rows:
+        try:  # the logged intervals, for trials without per-example scores
+            logged = dict(client.get_run(row["mlflow_run_id"]).data.metrics) if row["mlflow_run_id"] else {}
+        except Exception:
+            logged = {}
+        views.append({**logged, **{k: v for k, v in row.items() if k != "params"}, "run_id": row["mlflow_run_id"]})
+    mark_indistinguishable(views, quality, artifact_reader(stores.tracking_uri))
+    for row, view in zip(rows, views):
+        row["noise"] = view["noise"]
+
+
+def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print(f"study {name!r} has no completed trials yet")
+        return
+    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise")]
+    print(f"Pareto set of study {name!r} ({len(rows)} trial(s)):")
+    noise = ["within noise of"] if any(r.get("noise") for r in rows) else []
+    header = ["trial", *metrics, *noise, "params"]
+    lines = [[str(r["trial"]), *(short_number(r[m]) for m in metrics), *([r.get("noise", "")] if noise else []), _params(r["params"])] for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for line in lines:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)))
+
+
+def study_summaries(stores: Stores) -> list[dict[str, Any]]:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not exists(stores.optuna_url):
+        return []  # nothing has run with these stores: nothing to list, and nothing is created
+    storage = optuna_storage(stores, create=False)
+    out = []
+    for summary in guarded("Optuna", stores.optuna_url, lambda: optuna.get_all_study_summaries(storage, include_best_trial=False)):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        count = {s: sum(1 for t in trials if t.state == s) for s in optuna.trial.TrialState}
+        last = max((t.datetime_complete or t.datetime_start for t in trials if t.datetime_start), default=None)
+        out.append({
+            "study": summary.study_name,
+            "complete": count[optuna.trial.TrialState.COMPLETE],
+            "failed": count[optuna.trial.TrialState.FAIL],
+            "running": count[optuna.trial.TrialState.RUNNING],
+            "objectives": ",".join(m for m, _ in study.user_attrs.get("objectives", [])),
+            "last_update": last.isoformat(timespec="seconds") if isinstance(last, dt.datetime) else "",
+            "failures": failure_reasons(trials),
+        })
+    return out
+
+
+def failure_reasons(trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[str, int]]:
+    """(reason, count) over the failed trials, most frequent first; a reason is the first line the driver recorded."""
+    reasons = Counter(
+        ((t.user_attrs.get("fail_reason") or "").strip().splitlines() or ["no reason recorded"])[0][:200]
+        for t in trials
+        if t.state == optuna.trial.TrialState.FAIL
+    )
+    return reasons.most_common()
+
+
+def print_failures(name: str, reasons: list[tuple[str, int]]) -> None:
+    """One line per reason, with how many failed trials gave it."""
+    if reasons:
+        print(f"failed trials of {name!r} by reason:")
+        for reason, count in reasons:
+            print(f"  {count:>4} x {reason}")
+
+
+def short_number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
+    return str(value)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={short_number(v)}" for k, v in params.items())
+
+
+def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """(objectives, rows): every complete trial with its method label and all MLflow metrics."""
+    from mlflow.tracking import MlflowClient
+
+    study = load_study(name, stores)
+    objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]
+    experiment = None
+    if exists(stores.tracking_uri):
+        client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
+        experiment = guarded("MLflow", stores.tracking_uri, lambda: client.get_experiment_by_name(name))
+    runs = {}
+    if experiment is not None:
+        for run in client.search_runs([experiment.experiment_id], "tags.`paretolab.role` = 'trial'", max_results=50_000):
+            runs[int(run.data.tags["paretolab.trial_number"])] = run
+    rows = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        run = runs.get(trial.number)
+        metrics = dict(run.data.metrics) if run else {}
+        metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
+        rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
+                     "run_params": dict(run.data.params) if run else {}, **metrics,
+                     "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
+    return objectives, _without_common_training(rows)
+
+
+def _without_common_training(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop ``train`` from the labels when every trial trained: the baseline is then the model trained
+    with no method, labelled ``none`` like the unmodified model of a compression study."""
+    if rows and all("train" in r["method"].split("+") for r in rows):
+        for r in rows:
+            r["method"] = "+".join(m for m in r["method"].split("+") if m != "train") or "none"
+    return rows
+
+
+def method_label(params: dict[str, str]) -> str:
+    """'wanda+rtn' for a trial that ran wanda then rtn; 'none' for the unmodified model."""
+    methods = [v for k, v in sorted(params.items()) if k.endswith(".method") and k.count(".") == 1 and v != "none"]
+    return "+".join(methods) or "none"
+
+
+def method_frontiers(name: str, stores: Stores) -> list[dict[str, Any]]:
+    """Each method's own Pareto set on the study's objectives: the cross-method comparison."""
+    return per_method(*trial_table(name, stores), frontier=True)
+
+
+def per_method(objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool) -> list[dict[str, Any]]:
+    """Rows grouped by method (sorted by the last objective); only each method's Pareto set when ``frontier``."""
+    directions = [d for _, d in objectives]
+    out = []
+    for label in sorted({r["method"] for r in rows}):
+        mine = [r for r in rows if r["method"] == label]
+        keep = pareto_indices([[r[m] for m, _ in objectives] for r in mine], directions) if frontier else range(len(mine))
+        out.extend(sorted((mine[i] for i in keep), key=lambda r: (r[objectives[-1][0]], r[objectives[0][0]])))
+    return out
+
+

@@ -1,0 +1,290 @@
+"""One study as a Markdown section of a results document (``paretolab report``): what ran, its claim's verdict, its
+frontiers, and the method-vs-baseline table with intervals, size ratios and honest marks (simulated, noisy, estimated)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+import optuna
+
+from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
+from paretolab.plugin_api.manager import registries
+from paretolab.results.claims import claim_lines, trial_label
+from paretolab.results.frontier import frontier_lines
+from paretolab.results.noise import QUALITY, artifact_reader, quality_cells
+from paretolab.results.read import (
+    load_study,
+    per_method,
+    short_number,
+    study_quality_note,
+    trial_table,
+)
+from paretolab.stores.locations import Stores
+from paretolab.study.report_spec import claim_from
+from paretolab.training.checkpoints import RECORD, trained_dir
+from paretolab.training.curves import mlflow_reader
+
+
+def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bool = True) -> str:
+    """One study as Markdown: what ran (model, task, trial counts) and the method-vs-baseline table.
+
+    Metric columns that no trial reported are left out. When the study has an unmodified-model
+    trial (method ``none``), each row's first objective is also given relative to it.
+    """
+    study = load_study(name, stores)
+    objectives, rows = trial_table(name, stores)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    pipeline = study.user_attrs.get("pipeline") or {}
+    task = pipeline.get("task", "")
+    if isinstance(task, dict):
+        task = f"{task.get('name', '')} ({', '.join(f'{k}={v}' for k, v in task.items() if k != 'name')})"
+    failed = sum(s == optuna.trial.TrialState.FAIL for s in states)
+    lines = [
+        f"## {name}",
+        "",
+        *_papers_claim(pipeline),
+        *_claim(pipeline, rows, stores),
+        *_frontiers(pipeline, rows),
+        f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
+        + ", ".join(f"{m} ({d})" for m, d in objectives)
+        + f"; {len(rows)} complete trial(s), {failed} failed.",
+        "",
+        *_provenance(rows),
+        *_trained_base(str(study.user_attrs.get("model", ""))),
+    ]
+    note = study_quality_note(name, stores)
+    if note:
+        lines += [f"> **{note}.**", ""]
+    if not rows:
+        return "\n".join([*lines, "No complete trials yet.", ""])
+    shown = per_method(objectives, rows, frontier=frontier)
+    wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
+    columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
+    first = objectives[0][0]
+    dense = [r[first] for r in rows if r["method"] == "none"]
+    if dense and dense[0] and first != "size_bytes":  # sizes get their own ratios, against the stored and the fp16 base
+        ratio = f"{first} ÷ none"
+        for r in shown:
+            r[ratio] = r[first] / dense[0]
+        columns.insert(columns.index(first) + 1 if first in columns else len(columns), ratio)
+    named = _pipeline_params(pipeline)
+    for r in shown:
+        # what the pipeline set, fixed or searched (Optuna knows only the searched ones)
+        given = {f"{m}.{k}": v for key, v in r["run_params"].items() if key.count(".") == 2
+                 for _, m, k in [key.split(".")] if k in named.get(m, ())}
+        r["params"] = given or r["params"]
+        r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
+    columns = _size_ratios(shown, columns)
+    notes = _marks(shown, columns)
+    columns, legend = _with_uncertainty(shown, rows, columns, stores)
+    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
+    return "\n".join(lines)
+
+
+def _papers_claim(pipeline: dict[str, Any]) -> list[str]:
+    """The pipeline's ``description`` (what the paper claims and against which baselines), when it has one."""
+    text = " ".join(str(pipeline.get("description") or "").split())
+    return [f"**The paper:** {text}", ""] if text else []
+
+
+def _trained_base(model: str) -> list[str]:
+    """For a base trained here (``train.save_as``): how, from its ``paretolab.json`` on this machine."""
+    try:
+        record = json.loads((trained_dir() / model / RECORD).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(record, dict):
+        return []
+    loss = record.get("val_loss")
+    loss_text = f", val_loss {loss:.3f} nats/token on {record.get('val_corpus', '?')}" if isinstance(loss, (int, float)) else ""
+    return [f"Base `{model}`: {record.get('weights', '?')}, from `{record.get('base', '?')}` on {int(record.get('tokens') or 0):,} tokens of "
+            f"{record.get('corpus', '?')} (seed {record.get('seed', '?')}){loss_text}; saved {record.get('saved_at', '?')}.", ""]
+
+
+def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:
+    """The pipeline's claim with its verdict from the stored trials (nothing when it has none)."""
+    claim = claim_from(pipeline.get("claim"))
+    if claim is None:
+        return []
+    trials = [{**r, "label": _choice_label(pipeline, r), "params": _named_params(r)} for r in rows]
+    return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri))
+
+
+def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The pipeline's ``frontiers:``: which methods sit on each metric pair's frontier, all trials pooled (nothing when it has none)."""
+    pairs = pipeline.get("frontiers") or []
+    metrics = registries().metrics
+    directions = {m: metrics.get(m).direction for pair in pairs for m in pair if m in metrics}
+    usable = [pair for pair in pairs if all(m in directions for m in pair)]
+    return frontier_lines(usable, [{**r, "label": _choice_label(pipeline, r)} for r in rows], directions)
+
+
+def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
+    """What the trial's ``choice`` stages picked (``bhyt``, ``none``, ``magnitude+rtn``); fixed stages left out."""
+    picked = {}
+    for index, stage in enumerate(pipeline.get("stages") or []):
+        if isinstance(stage, dict) and "choice" in stage:
+            key = f"{stage.get('id', f'stage{index}')}.method"
+            picked[key] = str(row["run_params"].get(key) or row["params"].get(key) or "none")
+    return trial_label(picked)
+
+
+def _named_params(row: dict[str, Any]) -> dict[str, Any]:
+    """Every parameter the trial ran with, ``stage.method.param`` -> value (fixed ones too, from the MLflow run); Optuna's searched ones without a run."""
+    logged = {key: _parsed(value) for key, value in row["run_params"].items()
+              if key.count(".") == 2 and not key.startswith(("info.", "trial."))}
+    return logged or {k: v for k, v in row["params"].items() if not k.endswith(".method")}
+
+
+def _parsed(text: Any) -> Any:
+    """A logged MLflow param (text) back to the value the trial had, so it matches Optuna's."""
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return text
+
+
+# A timing whose interquartile range exceeds this fraction of its median is too noisy to rank
+# trials by: two such timings may swap order on a rerun.
+NOISY_SPREAD = 0.2
+
+
+TIMINGS = {"prefill_speedup": "prefill_speedup_iqr", "decode_speedup": "decode_speedup_iqr",
+           "prefill_ms": "prefill_ms_iqr", "decode_tok_s": "decode_tok_s_iqr"}
+
+
+ENERGY_SOURCE = "info.energy_source"
+
+
+def _provenance(rows: list[dict[str, Any]]) -> list[str]:
+    """The base model's weights and sizes, and where energy figures come from, as read from the trials' runs."""
+    params = next((r["run_params"] for r in rows if r.get("run_params", {}).get("info.weights")), None)
+    lines = []
+    if params:
+        stored, fp16 = _float(params.get("info.base_stored_bytes")), _float(params.get("info.base_fp16_bytes"))
+        sizes = f"; stored {stored / 1e6:,.1f} MB, {fp16 / 1e6:,.1f} MB in fp16" if stored and fp16 else ""
+        lines.append(f"Base weights: **{params['info.weights']}**{sizes}. Sizes are given against both "
+                     "(`size ÷ stored base`, `size ÷ fp16 base`), never against the fp32 they are computed in.")
+    sources = sorted({r.get("run_params", {}).get(ENERGY_SOURCE, "") for r in rows} - {""})
+    if sources:
+        how = {"nvml": "NVML (the trial's GPUs)", "rapl": "RAPL (the CPU packages)",
+               "estimate": f"an estimate: CPU seconds × watts per core (default {DEFAULT_WATTS_PER_CORE} W), marked ≈"}
+        lines.append("Energy: " + "; ".join(how.get(src, src) for src in sources) + ".")
+    return [*lines, ""] if lines else []
+
+
+BASE_TIMINGS = {"base_prefill_ms": "prefill", "base_decode_tok_s": "decode"}
+
+
+def _base_timings(rows: list[dict[str, Any]]) -> list[str]:
+    """How much the unmodified model's own timings, taken beside every trial, moved across the study.
+
+    The speedup columns divide by these, so this is the noise a raw time would have carried: a
+    reader sees why the table leads with ratios rather than milliseconds.
+    """
+    lines = []
+    for metric, label in BASE_TIMINGS.items():
+        values = sorted(v for r in rows if isinstance(v := r.get(metric), float))
+        if len(values) < 2:
+            continue
+        median = statistics.median(values)
+        lines.append(
+            f"The unmodified model, timed beside each of {len(values)} trials ({label}, `{metric}`): median {_cell(median)}, "
+            f"range {_cell(values[0])}–{_cell(values[-1])} (max ÷ min {values[-1] / values[0]:.2f}); "
+            "the speedup columns divide each trial's time by the one taken beside it."
+        )
+    return [*lines, ""] if lines else []
+
+
+def _size_ratios(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """Add ``size ÷ stored base`` and ``size ÷ fp16 base`` after ``size_bytes`` where the trials know their base."""
+    if "size_bytes" not in columns:
+        return columns
+    added = []
+    for r in rows:
+        for label, key in (("size ÷ stored base", "info.base_stored_bytes"), ("size ÷ fp16 base", "info.base_fp16_bytes")):
+            base = _float(r.get("run_params", {}).get(key))
+            if base and isinstance(r.get("size_bytes"), float):
+                r[label] = r["size_bytes"] / base
+                added.append(label)
+    at = columns.index("size_bytes") + 1
+    return columns[:at] + [c for c in ("size ÷ stored base", "size ÷ fp16 base") if c in added] + columns[at:]
+
+
+def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """Mark timings too noisy to rank (†) and estimated energies (≈) in place; the notes that explain them."""
+    noisy = estimated = False
+    for r in rows:
+        for column, iqr in TIMINGS.items():
+            value, spread = r.get(column), r.get(iqr)
+            if column in columns and isinstance(value, float) and isinstance(spread, float) and value and spread / abs(value) > NOISY_SPREAD:
+                r[column] = f"{_cell(value)} †"
+                noisy = True
+        if r.get("run_params", {}).get(ENERGY_SOURCE) == "estimate":
+            for column in columns:
+                if is_energy_metric(column) and isinstance(r.get(column), float):
+                    r[column] = f"≈{_cell(r[column])}"
+                    estimated = True
+    notes = []
+    if noisy:
+        notes.append(f"† spread too large to rank: the timing's interquartile range is over {NOISY_SPREAD:.0%} of its median.")
+    if estimated:
+        notes.append("≈ energy estimated from CPU time (no NVML or RAPL reading on that machine).")
+    return [*notes, ""] if notes else []
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores) -> tuple[list[str], list[str]]:
+    """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
+    quality = [c for c in columns if c in QUALITY]
+    if not quality:
+        return columns, []
+    baseline = next((r for r in rows if r["method"] == "none"), None)
+    added = quality_cells(shown, baseline, quality, artifact_reader(stores.tracking_uri))
+    out = list(columns)
+    for column in added:  # each difference right after its metric
+        metric = column[1:].split(" ", 1)[0]
+        out.insert(out.index(metric) + 1, column)
+    if any(r.get("n") for r in shown):
+        out.append("n")
+    legend = [
+        "Quality: value ± 1 standard error (lm-eval's formula), or a 95 % bootstrap interval over the windows for ppl. "
+        "Δ … vs none: difference to the unmodified model with its 95 % interval, paired over the same examples or "
+        "windows; *within noise* when that interval contains 0. n: the examples or windows behind the quality numbers.",
+        "",
+    ]
+    return out, legend
+
+
+def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:
+    """{method: parameter names the pipeline's stages give it}."""
+    named: dict[str, set[str]] = {}
+    for stage in pipeline.get("stages", []):
+        for option in stage.get("choice", [stage]) if isinstance(stage, dict) else []:
+            if isinstance(option, dict) and "method" in option:
+                named.setdefault(option["method"], set()).update((option.get("params") or {}).keys())
+    return named
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A GitHub-flavoured Markdown table; numbers to 4 significant digits."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.split('.', 1)[-1]}={short_number(v)}" for k, v in value.items() if not k.endswith(".method"))
+    return "" if value is None else str(value)

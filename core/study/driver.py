@@ -1,0 +1,328 @@
+"""The study driver: asks Optuna, runs trials on Ray workers, records them in Optuna and MLflow.
+
+The driver is the only writer of both stores. A trial is logged to MLflow first and told to
+Optuna second; on ``--resume`` a trial that Optuna still calls RUNNING is either told from its
+finished MLflow run or run again, so every trial ends up recorded exactly once in each store.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from paretolab.cluster.ray_init import init_ray, ray_auth_env
+from paretolab.cluster.reach import require_reachable
+from paretolab.errors import ConfigError
+from paretolab.plugin_api.manager import plugin_manager, registries
+from paretolab.records import StagePlan, TrialInfo, TrialResult, TrialSettings
+from paretolab.stores.locations import Stores
+from paretolab.stores.open import guarded
+from paretolab.stores.ownership import own_study
+from paretolab.stores.tracking import Tracker
+from paretolab.study.optuna_study import (
+    ATTEMPTS,
+    FAIL_REASON,
+    MLFLOW_RUN,
+    count_in_state,
+    finished_count,
+    open_study,
+    requeue_failed,
+    stale_trials,
+)
+from paretolab.study.pool import WorkerPool
+from paretolab.study.proposer import Proposer
+from paretolab.study.search import grid_points, plan_trial
+from paretolab.study.spec import StudySpec
+from paretolab.version import code_version
+
+
+@dataclass
+class StudyOutcome:
+    """What a finished (or interrupted) run of the driver did."""
+
+    study: str
+    planned: int
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    wall_s: float = 0.0
+    overhead_s: list[float] = field(default_factory=list)
+    interrupted: bool = False
+
+
+@dataclass
+class _Job:
+    trial: optuna.Trial
+    plan: list[StagePlan]
+    worker: Any
+    started: float
+    attempt: int = 1
+
+
+def run_study(
+    spec: StudySpec,
+    *,
+    stores: Stores,
+    address: str | None = None,
+    resume: bool = False,
+    trials: int | None = None,
+    retry_failed: bool = False,
+    progress: bool = True,
+    log: Any = print,
+) -> StudyOutcome:
+    """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed).
+
+    Everything that can be refused is refused before a store is written: the grid, ``--address``,
+    and a study another live driver owns (StudyOwnedError naming it). This driver then owns the
+    study until it returns or dies, so a RUNNING trial it finds was left by a driver that is gone.
+    ``retry_failed`` queues the parameters of failed trials again (those no complete trial has),
+    as new trials on top of the target; the failed ones stay in the history.
+    """
+    points = grid_points(spec) if spec.search.sampler == "grid" else None
+    if points is not None:
+        _grid_trials(spec, points, trials, log)
+    if address:
+        require_reachable("--address", address)
+    lock = guarded("Optuna", stores.optuna_url, lambda: own_study(stores.optuna_url, spec.name))
+    try:
+        return _drive(spec, stores=stores, address=address, resume=resume, trials=trials, retry_failed=retry_failed,
+                      progress=progress, log=log, points=points)
+    finally:
+        lock.release()
+
+
+def _grid_trials(spec: StudySpec, points: list[dict[str, Any]], trials: int | None, log: Any) -> int:
+    """A grid runs each of its points once: its size is the trial count."""
+    if trials is not None and trials != len(points):
+        raise ConfigError(f"--trials {trials}: a grid study runs each of its {len(points)} points once; drop --trials")
+    if spec.search.trials != len(points):
+        log(f"warning: search.trials is {spec.search.trials} but the grid has {len(points)} points; "
+            f"the study runs {len(points)} trials (set search.trials: {len(points)} to silence this)")
+    return len(points)
+
+
+def _drive(
+    spec: StudySpec,
+    *,
+    stores: Stores,
+    address: str | None = None,
+    resume: bool = False,
+    trials: int | None = None,
+    retry_failed: bool = False,
+    progress: bool = True,
+    log: Any = print,
+    points: list[dict[str, Any]] | None = None,
+) -> StudyOutcome:
+    """The driver loop of run_study, under the study's lock."""
+    ray_auth_env(address)
+    import ray
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    target = len(points) if points is not None else trials or spec.search.trials
+    study = open_study(spec, stores, resume, trials)
+    outcome = StudyOutcome(study=spec.name, planned=target)
+    tracker = Tracker(stores, spec.name)
+    proposer = Proposer(spec, study, points)
+    parent = tracker.study_run(_study_tags(spec), {"pipeline": spec.raw})
+    regs = registries()
+    hooks = plugin_manager().hook
+
+    redo = stale_trials(study, tracker, spec, log)
+    done = finished_count(study)
+    if retry_failed:
+        again = requeue_failed(study)
+        if again:
+            target = max(target, done) + again
+            outcome.planned = target
+            log(f"retrying the parameters of {again} failed trial(s)")
+    waiting = count_in_state(study, optuna.trial.TrialState.WAITING)  # asked-for repeats (--retry-failed) go first
+    if proposer.exhausted and not waiting and done < target:
+        log(f"every one of the {proposer.size} distinct parameter sets of the search space has run; nothing new to try")
+        target = done
+    if done >= target and not redo:
+        log(f"study {spec.name!r} already has {done} finished trials (target {target}); nothing to do")
+        return outcome
+
+    init_ray(address)
+    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
+                             timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
+    pool = WorkerPool(spec.model, settings, spec.resources)
+    n_workers = pool.size_for(target - done)
+    shown = stores.redacted()
+    log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r} "
+        f"(Optuna {shown.optuna_url}, MLflow {shown.tracking_uri})")
+    try:
+        pool.start(n_workers)
+    except BaseException:
+        pool.shutdown()
+        raise
+
+    tags = _trial_tags(spec, regs)
+    in_flight: dict[Any, _Job] = {}
+    bar = _progress(progress, target, done, spec.name)
+    start = time.perf_counter()
+    stop = _StopSignal()
+
+    def record(job: _Job, result: TrialResult, now: float) -> None:
+        nonlocal done
+        done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+        bar.update(1)
+
+    try:
+        while not stop.requested:
+            for problem in pool.poll():
+                log(problem)
+            while pool.idle and (redo or done + len(in_flight) < target):
+                if redo:
+                    trial, attempt = redo.pop(0)
+                elif waiting:
+                    trial, attempt, waiting = study.ask(), 1, waiting - 1
+                else:
+                    proposed = proposer.ask()
+                    if proposed is None:  # a discrete space with no untried point left
+                        log(f"every one of the {proposer.size} distinct parameter sets has run; stopping at {done + len(in_flight)} trials")
+                        target = done + len(in_flight)
+                        break
+                    trial, attempt = proposed, 1
+                plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
+                worker = pool.take()
+                hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
+                ref = worker.run.remote(plan, trial.number)
+                in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
+            if not in_flight and not (pool.starting and (redo or done < target)):
+                break
+            if not in_flight:  # every worker is still loading the model after a replacement
+                time.sleep(0.5)
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5) if in_flight else ([], None)
+            now = time.perf_counter()
+            for ref in ready:
+                job = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                    pool.give_back(job.worker)
+                except ray.exceptions.RayActorError as exc:
+                    pool.lost(job.worker)
+                    if job.attempt < 2:
+                        log(f"trial {job.trial.number}: worker died ({_first_line(exc)}); retrying once")
+                        job.trial.set_user_attr(ATTEMPTS, job.attempt + 1)
+                        redo.append((job.trial, job.attempt + 1))
+                        outcome.retried += 1
+                        continue
+                    result = TrialResult(error=f"worker process died twice: {_first_line(exc)}")
+                except ray.exceptions.RayError as exc:
+                    pool.give_back(job.worker)
+                    result = TrialResult(error=f"{type(exc).__name__}: {_first_line(exc)}")
+                record(job, result, now)
+            for ref, job in list(in_flight.items()):
+                if now - job.started > spec.search.trial_timeout_s:
+                    in_flight.pop(ref)
+                    pool.lost(job.worker, kill=True)
+                    record(job, TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)"), now)
+        if stop.requested:
+            outcome.interrupted = True
+            log(f"stopped ({stop.requested}): {len(in_flight)} running trial(s) recorded as failed")
+            now = time.perf_counter()
+            for job in in_flight.values():
+                record(job, TrialResult(error=f"stopped: the driver got {stop.requested} (`paretolab jobs stop` or `ray job stop`)"), now)
+            in_flight.clear()
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        log(f"\ninterrupted: {len(in_flight)} trial(s) left unfinished; `paretolab run --resume` continues the study")
+    finally:
+        stop.restore()
+        bar.close()
+        pool.shutdown()
+    outcome.wall_s = time.perf_counter() - start
+    if not outcome.interrupted:
+        tracker.finish_study(parent, {"trials_complete": float(count_in_state(study, optuna.trial.TrialState.COMPLETE)), "trials_failed": float(count_in_state(study, optuna.trial.TrialState.FAIL))})
+    return outcome
+
+
+class _StopSignal:
+    """SIGTERM (what `ray job stop` sends) asks the loop to stop; it then ends running trials as failed."""
+
+    def __init__(self) -> None:
+        self.requested = ""
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = "SIGTERM"
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _record(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: _Job, result: TrialResult, tags: dict[str, str], now: float, outcome: StudyOutcome, hooks: Any) -> int:
+    """Log one trial to MLflow, then tell Optuna. Returns 1 (one more finished trial)."""
+    if not result.failed:
+        result.error = _objective_problem(spec, result.metrics)
+    inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
+    wall = now - job.started
+    if result.metrics:
+        result.metrics["overhead_s"] = max(wall - inside, 0.0)
+        outcome.overhead_s.append(result.metrics["overhead_s"])
+    params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
+    run_id = tracker.log_trial(parent, job.trial.number, params, result, {**tags, "paretolab.study.worker": result.worker})
+    job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    if result.failed:
+        job.trial.set_user_attr(FAIL_REASON, result.error)
+        study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
+        outcome.failed += 1
+    else:
+        study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
+        outcome.completed += 1
+    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
+    return 1
+
+
+def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:
+    for objective in spec.objectives:
+        value = metrics.get(objective.metric)
+        if value is None:
+            return f"objective metric {objective.metric!r} was not reported (reported: {', '.join(sorted(metrics))})"
+        if not math.isfinite(value):
+            return f"objective metric {objective.metric!r} is {value}"
+    return None
+
+
+def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stage in plan:
+        out[f"{stage.stage}.method"] = stage.method
+        for key, value in stage.params.items():
+            out[f"{stage.stage}.{stage.method}.{key}"] = value
+    return out
+
+
+def _study_tags(spec: StudySpec) -> dict[str, str]:
+    return {"paretolab.pipeline_hash": spec.pipeline_hash(), "paretolab.model": spec.model, "paretolab.code_version": code_version()}
+
+
+def _trial_tags(spec: StudySpec, regs: Any) -> dict[str, str]:
+    versions = ",".join(f"{k}={v}" for k, v in sorted(regs.plugin_versions.items()) if not k.startswith("paretolab."))
+    return {
+        **_study_tags(spec),
+        "paretolab.methods": ",".join(spec.methods()),
+        "paretolab.plugin_versions": versions or "builtin only",
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _progress(enabled: bool, total: int, initial: int, name: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=name, unit="trial", disable=not enabled, file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,113 @@
+"""Which parameters the next trial gets: grid points in order, else the sampler's pick without repeats.
+
+The driver enqueues what ``Proposer.next`` returns and asks Optuna for it, so the study records
+exactly the proposed set. The sampler proposes on an in-memory mirror of the study's trials,
+made with a sampler seeded by the new trial's number: a resumed or extended study continues
+its sequence instead of replaying it. A set that an earlier trial had is drawn again (up to
+``RETRIES`` times); in a discrete space it is then replaced by an untried point, and once every
+point has run the study stops there.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import optuna
+
+from paretolab.study.search import (
+    grid_points,
+    make_sampler,
+    plan_trial,
+    space_size,
+    trial_seed,
+)
+from paretolab.study.spec import StudySpec
+
+RETRIES = 20
+ENUMERABLE = 200_000  # a discrete space up to this size may be listed to find an untried point
+
+
+def params_key(params: dict[str, Any]) -> tuple:
+    """A hashable identity of a parameter set."""
+    # floats rounded: a stepped value Optuna computes (0.30000000000000004) is the grid's 0.3
+    return tuple(sorted((k, repr(round(v, 10) if isinstance(v, float) else v)) for k, v in params.items()))
+
+
+class Proposer:
+    """Proposes the parameters of each new trial of one study (the driver that owns it calls this)."""
+
+    def __init__(self, spec: StudySpec, study: optuna.Study, points: list[dict[str, Any]] | None = None) -> None:
+        self.spec = spec
+        self.study = study
+        self.points = points
+        self.size = len(points) if points is not None else space_size(spec)
+        self._next_point = 0
+        self._attrs: dict[str, Any] = {}
+        self.seen: set[tuple] = set()
+        for t in study.get_trials(deepcopy=False):
+            fixed = t.system_attrs.get("fixed_params") if t.state == optuna.trial.TrialState.WAITING else None
+            self.seen.add(params_key(fixed if fixed is not None else t.params))
+
+    @property
+    def exhausted(self) -> bool:
+        """Every distinct parameter set of a discrete space has been tried."""
+        return self.size is not None and len(self.seen) >= self.size
+
+    def ask(self) -> optuna.Trial | None:
+        """Enqueue the next proposal and ask the study for it; None when nothing untried is left."""
+        params = self.next()
+        if params is None:
+            return None
+        self.study.enqueue_trial(params)
+        trial = self.study.ask()
+        for key, value in self._attrs.items():  # the sampler's own bookkeeping, e.g. NSGA-II's generation
+            self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        return trial
+
+    def next(self) -> dict[str, Any] | None:
+        """Parameters for the next trial, or None when every point of a discrete space has run."""
+        if self.points is not None:
+            return self._next_grid_point()
+        if self.exhausted:
+            return None
+        number = len(self.study.get_trials(deepcopy=False))
+        params = self._sample(number)
+        self.seen.add(params_key(params))
+        return params
+
+    def _next_grid_point(self) -> dict[str, Any] | None:
+        assert self.points is not None
+        while self._next_point < len(self.points):  # one pass over the grid in all: linear however large it is
+            point = self.points[self._next_point]
+            self._next_point += 1
+            key = params_key(point)
+            if key not in self.seen:
+                self.seen.add(key)
+                return point
+        return None
+
+    def _sample(self, number: int) -> dict[str, Any]:
+        mirror = optuna.create_study(directions=self.study.directions, sampler=make_sampler(self.spec, number))
+        mirror.add_trials([t for t in self.study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING])
+        params: dict[str, Any] = {}
+        for attempt in range(2 * RETRIES):
+            if attempt == RETRIES:  # the sampler keeps exploiting one point: explore at random instead
+                mirror.sampler = optuna.samplers.RandomSampler(seed=trial_seed(self.spec.search.seed, number))
+            trial = mirror.ask()
+            plan_trial(trial, self.spec)
+            params = dict(trial.params)
+            if params_key(params) not in self.seen:  # also in a mixed space: a categorical branch repeats easily
+                attrs = mirror._storage.get_trial(trial._trial_id).system_attrs
+                self._attrs = {k: v for k, v in attrs.items() if k != "fixed_params"}
+                return params
+            mirror.tell(trial, state=optuna.trial.TrialState.FAIL)  # the mirror only: the sampler moves on
+        self._attrs = {}
+        return self._untried(number) or params
+
+    def _untried(self, number: int) -> dict[str, Any] | None:
+        """A random point of the discrete space that no trial had (None if the space is too large to list)."""
+        if self.size is None or self.size > ENUMERABLE:
+            return None
+        left = [p for p in grid_points(self.spec) if params_key(p) not in self.seen]
+        return random.Random(trial_seed(self.spec.search.seed, number)).choice(left) if left else None

@@ -1,0 +1,191 @@
+"""A pipeline's ``stages:``: each stage one method or a ``choice`` of methods, each parameter fixed, a list or a range.
+
+Values are checked against the method's own search space (a range inside it, a listed value of the
+right type) when the pipeline is parsed, before any trial.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from paretolab.errors import ConfigError
+from paretolab.study.fields import is_int, is_number, lookup, no_unknown
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Choices:
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    integer: bool = False
+
+
+ParamSpec = Fixed | Choices | Range
+
+
+@dataclass(frozen=True)
+class StageOption:
+    method: str
+    params: dict[str, ParamSpec]
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: str
+    options: tuple[StageOption, ...]  # one for `method:`, several for `choice:`
+
+
+def parse_stage(raw: Any, index: int, regs: Any) -> Stage:
+    where = f"stages[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected {{method: NAME, params: {{...}}}} or {{choice: [...]}}, got {raw!r}")
+    no_unknown(raw, ("method", "params", "choice", "id"), where + ".")
+    stage_id = raw.get("id", f"stage{index}")
+    if "choice" in raw:
+        if "method" in raw or "params" in raw:
+            raise ConfigError(f"{where}: give either `method` (with `params`) or `choice`, not both")
+        choices = raw["choice"]
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise ConfigError(f"{where}.choice: expected a list of at least two {{method: ...}} entries, got {choices!r}")
+        options = tuple(_parse_option(c, f"{where}.choice[{j}]", regs) for j, c in enumerate(choices))
+        methods = [o.method for o in options]
+        if len(set(methods)) != len(methods):
+            raise ConfigError(f"{where}.choice: each method may appear once, got {methods}")
+    else:
+        options = (_parse_option(raw, where, regs),)
+    return Stage(id=str(stage_id), options=options)
+
+
+def _parse_option(raw: Any, where: str, regs: Any) -> StageOption:
+    if not isinstance(raw, dict) or "method" not in raw:
+        raise ConfigError(f"{where}: expected a mapping with `method`, got {raw!r}")
+    no_unknown(raw, ("method", "params", "id"), where + ".")
+    method = lookup(regs.methods, raw["method"], f"{where}.method")
+    params_raw = raw.get("params") or {}
+    if not isinstance(params_raw, dict):
+        raise ConfigError(f"{where}.params: expected a mapping, got {params_raw!r}")
+    known = set(method.search_space()) | set(method.defaults())
+    params = {}
+    for key, value in params_raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{where}.params.{key}: method {method.name!r} has no parameter {key!r}{hint} "
+                f"(known: {', '.join(sorted(known)) or 'none'})"
+            )
+        params[key] = _check_param(method, key, _parse_param(value, f"{where}.params.{key}"), f"{where}.params.{key}")
+    return StageOption(method=method.name, params=params)
+
+
+def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSpec:
+    """Refuse values of the wrong type or outside the method's search space; a float parameter's range stays a float range."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    dist = method.search_space().get(key)
+    if isinstance(param, Range):
+        if isinstance(dist, FloatDistribution) and param.integer:
+            param = replace(param, integer=False)  # {low: 0, high: 1} on a float parameter means 0.0..1.0
+        if isinstance(dist, IntDistribution) and not param.integer:
+            raise ConfigError(f"{where}: {method.name}.{key} is an integer; give integer low, high and step, got {param.low}..{param.high} step {param.step}")
+        if isinstance(dist, CategoricalDistribution) and not all(is_number(c) for c in dist.choices):
+            raise ConfigError(f"{where}: {method.name}.{key} is one of {', '.join(map(repr, dist.choices))}, not a range; give a list")
+        values: tuple[Any, ...] = (param.low, param.high)
+    else:
+        values = param.values if isinstance(param, Choices) else (param.value,)
+    default = method.defaults().get(key)
+    for value in values:
+        problem = _value_problem(value, dist, default)
+        if problem:
+            raise ConfigError(f"{where}: {value!r} {problem}")
+    return param
+
+
+def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
+    """Why ``value`` cannot be this parameter (None when it can), judged by the method's distribution, else its default's type."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if isinstance(dist, (FloatDistribution, IntDistribution)):
+        integer = isinstance(dist, IntDistribution)
+        if not (is_int(value) if integer else is_number(value)):
+            return f"is not {'an integer' if integer else 'a number'}; give {'an integer' if integer else 'a number'} from {dist.low} to {dist.high}"
+        if not dist.low <= value <= dist.high:
+            return f"is outside the method's search space; give a value from {dist.low} to {dist.high}"
+        return None
+    if isinstance(dist, CategoricalDistribution):
+        choices = list(dist.choices)
+        if value in choices:
+            return None
+        if all(isinstance(c, bool) for c in choices):
+            return "is not true or false; give true or false"
+        if all(isinstance(c, str) for c in choices):
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"is not one of {', '.join(map(repr, choices))}{hint}; pick one of them"
+        if all(is_int(c) for c in choices) and not is_int(value):
+            return f"is not an integer; give an integer like {', '.join(map(repr, choices))}"
+        if all(is_number(c) for c in choices) and not is_number(value):
+            return f"is not a number; give a number like {', '.join(map(repr, choices))}"
+        return None
+    if default is None or value is None:
+        return None
+    expected = (
+        ("true or false", isinstance(value, bool)) if isinstance(default, bool)
+        else ("an integer", is_int(value)) if isinstance(default, int)
+        else ("a number", is_number(value)) if isinstance(default, float)
+        else ("a string", isinstance(value, str)) if isinstance(default, str)
+        else ("", True)
+    )
+    return None if expected[1] else f"is not {expected[0]} (the default is {default!r}); give {expected[0]}"
+
+
+def _parse_param(value: Any, where: str) -> ParamSpec:
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{where}: a list means 'choose one of these' and cannot be empty")
+        return Choices(tuple(value))
+    if isinstance(value, dict):
+        no_unknown(value, ("low", "high", "log", "step"), where + ".")
+        if "low" not in value or "high" not in value:
+            raise ConfigError(f"{where}: a range needs `low` and `high`, got {value!r}")
+        low, high = value["low"], value["high"]
+        for key, bound in (("low", low), ("high", high)):
+            if not isinstance(bound, (int, float)) or isinstance(bound, bool):
+                raise ConfigError(f"{where}.{key}: expected a number, got {bound!r}")
+        if low > high:
+            raise ConfigError(f"{where}: low ({low}) is greater than high ({high})")
+        log = value.get("log", False)
+        if not isinstance(log, bool):
+            raise ConfigError(f"{where}.log: expected true or false, got {log!r}")
+        if log and low <= 0:
+            raise ConfigError(f"{where}: a log range needs low > 0, got {low}")
+        step = value.get("step")
+        if step is not None:
+            if not isinstance(step, (int, float)) or isinstance(step, bool) or not step > 0:
+                raise ConfigError(f"{where}.step: expected a number greater than 0, got {step!r}; give a positive step or drop it")
+            if log:
+                raise ConfigError(f"{where}: a log range cannot have a step (got step {step!r}); drop `step` or `log`")
+        integer = isinstance(low, int) and isinstance(high, int) and (step is None or isinstance(step, int))
+        return Range(low=low, high=high, log=log, step=step, integer=integer)
+    return Fixed(value)

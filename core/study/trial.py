@@ -1,0 +1,168 @@
+"""One trial, as the worker runs it: copy the base subject, apply the stages, evaluate, measure."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.errors import TrialError
+from paretolab.measure.energy import EnergyMeter
+from paretolab.measure.memory import PeakMemory
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.options import parse_options
+from paretolab.plugin_api.subject import Subject, synchronize, tokenizer_state
+from paretolab.records import StagePlan, TrialResult, TrialSettings
+from paretolab.training.method import curve_history
+
+MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
+
+
+def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
+              roles: dict[str, Subject] | None = None) -> TrialResult:
+    """Run one trial to a result; every exception becomes a failed result with its traceback.
+
+    ``roles``: the pipeline's ``models:`` by role, loaded once by the worker and shared read-only (``ctx.models``).
+    """
+    from paretolab.plugin_api.costs import CostLedger
+    from paretolab.plugin_api.manager import registries
+
+    regs = registries()
+    result = TrialResult()
+    sampler = PeakMemory()
+    if torch.cuda.is_available():  # peak_gpu_mb is this trial's peak, not the worker's lifetime peak
+        torch.cuda.reset_peak_memory_stats()
+    meter = EnergyMeter.for_this_process()
+    start = time.perf_counter()
+    meter.begin("trial")
+    with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
+        ctx = TrialContext(
+            seed=settings.seed + number,
+            workdir=Path(tmp),
+            study=settings.study,
+            trial_number=number,
+            task={"name": settings.task, **settings.task_options},
+            cpus=settings.cpus,
+            base=base,
+            device=base.device,
+            deadline=time.time() + settings.timeout_s if settings.timeout_s > 0 else None,
+            models=dict(roles or {}),
+            costs=CostLedger(dict(settings.prices)),
+        )
+        ctx.stage_s, ctx.stage_energy_j = result.stage_s, meter.joules  # live: measures read the stages finished before them
+        try:
+            with sampler, torch.random.fork_rng(devices=[]):
+                torch.manual_seed(ctx.seed)
+                t0 = time.perf_counter()
+                meter.begin("copy")
+                subject = base.copy()
+                ctx.device = subject.device  # where methods put new tensors (the worker's GPU, when it has one)
+                shared_tokenizer = tokenizer_state(base.tokenizer)
+                result.stage_s["copy"] = time.perf_counter() - t0
+                meter.end("copy")
+                methods = []
+                for stage in plan:
+                    method = regs.methods.get(stage.method)
+                    methods.append(method)
+                    ctx.stage = stage.stage
+                    t0 = time.perf_counter()
+                    meter.begin(f"transform:{stage.stage}")
+                    subject = method.transform(subject, dict(stage.params), ctx)
+                    if not isinstance(subject, Subject):
+                        raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
+                    _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
+                    result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
+                    meter.end(f"transform:{stage.stage}")
+                    if method.cost_is == "simulated" and method.name not in subject.simulated_by:
+                        subject.simulated_by.append(method.name)
+                subject.model.eval()
+
+                t0 = time.perf_counter()
+                meter.begin("evaluate")
+                task = regs.tasks.get(settings.task)
+                metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
+                for method in methods:
+                    metrics.update(method.evaluate(subject, ctx))
+                synchronize(subject.device)  # queued GPU work belongs to this stage
+                result.stage_s["evaluate"] = time.perf_counter() - t0
+                meter.end("evaluate")
+
+                t0 = time.perf_counter()
+                meter.begin("measure")
+                task_metrics = set(metrics)
+                for name, options in _measures(settings.measures, regs).items():
+                    measure = regs.measures.get(name)
+                    measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
+                    # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
+                    metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
+                for method in methods:
+                    metrics.update(method.measure(subject, ctx))
+                synchronize(subject.device)
+                result.stage_s["measure"] = time.perf_counter() - t0
+                _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
+                meter.end("measure")
+            metrics.update(ctx.costs.metrics())
+            result.metrics = {k: float(v) for k, v in metrics.items()}
+            result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
+            result.info.update(ctx.costs.info())
+            result.info["energy_source"] = meter.source
+            result.simulated_by = list(subject.simulated_by)
+            result.history = curve_history(subject)
+            unknown = sorted(k for k in result.metrics if k not in regs.metrics)
+            if unknown:
+                raise ValueError(f"unregistered metric(s) {unknown}: register them with the register_metrics hook")
+            bad = sorted(k for k, v in result.metrics.items() if math.isnan(v))
+            if bad:
+                result.error = f"metric(s) {', '.join(bad)} are NaN"
+        except Exception as exc:  # a broken trial must not take the study down
+            result.error = f"{type(exc).__name__}: {exc}"
+            result.traceback = traceback.format_exc()
+        result.artifacts = _collect(ctx.artifacts)
+    energy_j = meter.end("trial")
+    meter.close()
+    result.stage_energy_j = {k: v for k, v in meter.joules.items() if k != "trial"}
+    transform_s = sum(v for k, v in result.stage_s.items() if k.startswith("transform:"))
+    result.metrics.update(
+        {
+            "transform_s": transform_s,
+            "evaluate_s": result.stage_s.get("evaluate", 0.0),
+            "measure_s": result.stage_s.get("measure", 0.0),
+            "trial_s": time.perf_counter() - start,
+            "peak_rss_mb": sampler.peak_mb,
+            "energy_j": energy_j,
+        }
+    )
+    if torch.cuda.is_available():
+        result.metrics["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def _guard_tokenizer(base: Subject, before: tuple[str, ...], culprit: str) -> None:
+    """Fail the trial when the tokenizer every trial shares changed in place, after putting it back for the next trial."""
+    if tokenizer_state(base.tokenizer) != before:
+        base.restore_tokenizer()
+        raise TrialError(
+            f"{culprit} changed the shared tokenizer in place (e.g. add_tokens, pad_token); it was restored for the next trial. "
+            "Change a copy instead: subject.tokenizer = copy.deepcopy(subject.tokenizer)"
+        )
+
+
+def _measures(configured: dict[str, dict[str, Any]] | None, regs: Any) -> dict[str, dict[str, Any]]:
+    if configured is not None:
+        return configured
+    return {m.name: {} for m in regs.measures if getattr(m, "default", False)}
+
+
+def _collect(paths: list[Path]) -> dict[str, bytes]:
+    out = {}
+    for path in paths:
+        if path.is_file() and path.stat().st_size <= MAX_ARTIFACT_BYTES:
+            out[path.name] = path.read_bytes()
+    return out
+
+

@@ -1,0 +1,399 @@
+"""A pipeline's claim: refused with a named error when malformed; its verdict in the report from stored trials."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import create_trial
+
+from paretolab.errors import ConfigError
+from paretolab.results import section as report
+from paretolab.stores import Stores
+from paretolab.study.spec import parse_spec
+from tests.conftest import edited
+
+# magnitude | none, then rtn with bits searched: bits plays the seed's part (the train stage's seed is the usual pair_by)
+PIPELINE = {
+    "name": "claimed",
+    "model": "tiny-llama",
+    "task": {"name": "perplexity", "corpus": "pydoc", "max_tokens": 4096},
+    "stages": [
+        {"choice": [{"method": "magnitude", "params": {"sparsity": 0.5}}, {"method": "none"}]},
+        {"method": "rtn", "params": {"bits": [4, 8]}},
+    ],
+    "objectives": [{"metric": "ppl"}, {"metric": "size_bytes"}],
+    "claim": {"text": "pruning half the weights costs perplexity", "metric": "ppl", "method": "magnitude",
+              "baseline": "none", "expect": "higher", "pair_by": "bits"},
+}
+
+
+def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
+    spec = parse_spec(PIPELINE)
+    assert spec.claim is not None and (spec.claim.method, spec.claim.baseline, spec.claim.expect, spec.claim.pair_by) == ("magnitude", "none", "higher", "bits")
+    reworded = parse_spec(edited(PIPELINE, "claim.text", "another wording"))
+    without = parse_spec(edited(PIPELINE, "claim", KeyError))
+    assert spec.pipeline_hash() == reworded.pipeline_hash() == without.pipeline_hash()  # editing a claim does not block --resume
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by, reference, target, tolerance}, got 'better'"),
+        ("claim.verdict", "held", "claim.verdict: unknown field"),
+        ("claim.text", KeyError, "claim.text: required field is missing"),
+        ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
+        ("claim.method", "wanda", "claim.method: 'wanda' names 'wanda', which no `choice` stage offers; give methods of the choice stages joined by + (magnitude, none)"),
+        ("claim.baseline", "magnitude", "claim.baseline: 'magnitude' is also the claim's method"),
+        ("claim.expect", "better", "claim.expect: expected lower or higher"),
+        ("claim.pair_by", KeyError, "claim.pair_by: 'seed' is no parameter of this pipeline's methods; give one of"),  # the default
+    ],
+)
+def test_a_malformed_claim_is_refused_naming_the_field(path, value, message):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, path, value))
+    assert message in str(err.value)
+
+
+# ---- verdicts on stored trials ------------------------------------------------------------------
+
+STAGE0 = CategoricalDistribution(["bhyt", "none"])
+SEEDS = CategoricalDistribution([0, 1, 2])
+TRAINING = {
+    "name": "norms", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc"},
+    "stages": [{"choice": [{"method": "bhyt"}, {"method": "none"}]},
+               {"method": "train", "params": {"tokens": 4096, "lr": 0.003, "seed": [0, 1, 2]}}],
+    "objectives": [{"metric": "val_loss"}, {"metric": "train_flops"}],
+}
+
+
+def _curve(flops: float, final: float) -> bytes:
+    """A learning curve falling linearly from final + 1 to ``final`` over ``flops``, four eval points."""
+    rows = [{"stage": "stage1", "step": 10 * i, "tokens": 1024 * i, "flops": flops * i / 4, "train_loss": final + 1.1 - i / 4,
+             "val_loss": final + 1 - i / 4, "lr": 0.003, "s": float(i)} for i in range(1, 5)]
+    return json.dumps({"rows": rows, "seed": 0}).encode()
+
+
+def _add_study(stores, name, trials, claim, *, curves=True) -> None:
+    """A training study written as the driver writes one: Optuna trials, MLflow runs with learning-curve artifacts."""
+    from paretolab.records import TrialResult
+    from paretolab.stores.tracking import Tracker
+
+    pipeline = {**TRAINING, "name": name, "claim": claim}
+    study = optuna.create_study(study_name=name, storage=stores.optuna_url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["val_loss", "minimize"], ["train_flops", "minimize"]])
+    study.set_user_attr("model", "scratch-1m")
+    study.set_user_attr("pipeline", pipeline)
+    tracker = Tracker(stores, name)
+    parent = tracker.study_run({}, {"pipeline": pipeline})
+    for number, (method, seed, loss, flops) in enumerate(trials):
+        artifacts = {"learning_curve.json": _curve(flops, loss)} if curves else {}
+        result = TrialResult(metrics={"val_loss": loss, "train_flops": flops}, artifacts=artifacts)
+        run_params = {"stage0.method": method, "stage1.method": "train", "stage1.train.seed": seed, "stage1.train.lr": 0.003,
+                      "stage1.train.tokens": 4096, "trial.attempt": 1}
+        run_id = tracker.log_trial(parent, number, run_params, result, {})
+        study.add_trial(create_trial(params={"stage0.method": method, "train.seed": seed}, distributions={"stage0.method": STAGE0, "train.seed": SEEDS},
+                                     values=[loss, flops], user_attrs={"mlflow_run_id": run_id}))
+
+
+CLAIM = {"text": "BHyT trains to a lower loss than RMSNorm", "metric": "val_loss", "method": "bhyt", "baseline": "none",
+         "expect": "lower", "pair_by": "seed"}
+BASE = [3.0, 3.2, 2.9]  # the baseline's val_loss on seeds 0, 1, 2
+
+
+def _paired(diffs, flops=(1e9, 1e9)):
+    """Baseline trials 0-2 (seeds 0-2), then method trials 3-5 whose loss is the same seed's plus ``diffs``."""
+    return [("none", s, BASE[s], flops[1]) for s in range(3)] + [("bhyt", s, BASE[s] + d, flops[0]) for s, d in enumerate(diffs)]
+
+
+STUDIES = {  # name -> (trials, claim, curves)
+    "held": (_paired([-0.10, -0.12, -0.11]), CLAIM, True),
+    "not_held": (_paired([0.20, 0.22, 0.21]), CLAIM, True),
+    "noise": (_paired([0.05, -0.06, 0.02]), CLAIM, True),
+    "higher": (_paired([0.20, 0.22, 0.21]), {**CLAIM, "expect": "higher"}, True),
+    # baseline trials stored as seeds 2, 0, 1 and method trials as 1, 2, 0; the method lowers each seed's loss by exactly 0.1
+    "order": ([("none", s, BASE[s], 1e9) for s in (2, 0, 1)] + [("bhyt", s, BASE[s] - 0.1, 1e9) for s in (1, 2, 0)], CLAIM, True),
+    "flops": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, True),
+    "no_curves": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, False),
+    "one_pair": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], CLAIM, True),
+    "no_claim": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], None, True),
+}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> Stores:
+    """One store holding every scenario as its own study (an MLflow store is the slow part to create)."""
+    home = tmp_path_factory.mktemp("claims")
+    stores = Stores(f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}", str(home / "artifacts"))
+    for name, (trials, claim, curves) in STUDIES.items():
+        _add_study(stores, name, trials, claim, curves=curves)
+    return stores
+
+
+def _section(stores, name):
+    return report.study_section(name, stores, ["val_loss"], frontier=False)
+
+
+def _verdict(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("**Verdict"))
+
+
+def test_claim_held_when_every_paired_difference_is_on_the_expected_side(stores):
+    text = _section(stores, "held")
+    lines = text.splitlines()
+    assert lines[0] == "## held" and lines[2] == "**Claim:** BHyT trains to a lower loss than RMSNorm"  # at the top of the section
+    assert "against baseline `none` on `val_loss` (lower expected), paired on `seed`" in text
+    verdict = _verdict(text)
+    assert verdict.startswith("**Verdict: held** — val_loss bhyt − none = -0.11 [")
+    assert "(95 % t interval), mean over n = 3 pair(s) (trials 3–0, 4–1, 5–2)" in verdict
+    # t(0.975, 2) = 4.303; sd of (-.10, -.12, -.11) is 0.01: the interval is -0.11 ± 0.02484
+    low, high = (float(x) for x in verdict.split("[", 1)[1].split("]", 1)[0].split(","))
+    assert low == pytest.approx(-0.11 - 0.02484, abs=2e-4) and high == pytest.approx(-0.11 + 0.02484, abs=2e-4)
+    assert "equal training FLOPs" not in text  # equal budgets: nothing to read off the curves
+
+
+def test_claim_did_not_hold_when_the_method_is_worse_on_every_pair(stores):
+    assert _verdict(_section(stores, "not_held")).startswith("**Verdict: did not hold** — val_loss bhyt − none = +0.21 [")
+
+
+def test_claim_within_noise_when_the_interval_contains_zero(stores):
+    assert _verdict(_section(stores, "noise")).startswith("**Verdict: within noise** — val_loss bhyt − none = +0.003333 [-0.1")
+
+
+def test_expect_higher_turns_the_verdict_round(stores):
+    assert _verdict(_section(stores, "higher")).startswith("**Verdict: held**")
+
+
+def test_pairs_are_matched_on_the_seed_not_on_the_trial_order(stores):
+    verdict = _verdict(_section(stores, "order"))
+    assert "= -0.1 [-0.1, -0.1]" in verdict, verdict  # zero spread: only a seed-matched pairing gives equal differences
+    assert "trials 5–1, 3–2, 4–0" in verdict  # (method, baseline) for seeds 0, 1, 2
+
+
+def test_loss_at_equal_flops_reads_the_larger_budgets_curve(stores):
+    # bhyt spends 0.5e9 FLOPs, the baseline 1e9: the baseline's curve is read at 0.5e9, where it is final + 0.5
+    text = _section(stores, "flops")
+    line = next(line for line in text.splitlines() if line.startswith("At equal training FLOPs"))
+    # val_loss(bhyt) - baseline curve at 0.5e9 = (base + 0.05) - (base + 0.5) = -0.45 on every pair
+    assert line.startswith("At equal training FLOPs: **held** — val_loss bhyt − none = -0.45 [-0.45, -0.45]"), line
+    assert _verdict(text).startswith("**Verdict: did not hold**")  # at its own (smaller) budget the loss is higher
+
+
+def test_unreadable_curves_are_said_when_budgets_differ(stores):
+    assert "their learning curves (`learning_curve.json`) are not readable from the store" in _section(stores, "no_curves")
+
+
+def test_one_pair_gives_no_verdict_and_a_study_without_a_claim_gets_no_block(stores):
+    verdict = _verdict(_section(stores, "one_pair"))
+    assert verdict.startswith("**Verdict: no verdict: one pair (an interval needs at least two)** — val_loss bhyt − none = -0.1, mean over n = 1")
+    plain = _section(stores, "no_claim")
+    assert "Claim" not in plain and "Verdict" not in plain
+
+
+def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_not_guessed():
+    from paretolab.results.claims import pair_trials
+    from paretolab.study.report_spec import Claim
+
+    claim = Claim("t", "val_loss", "kv_heads", "none", "lower", "seed")
+
+    def trial(n, label, seed, lr, **own):
+        return {"trial": n, "label": label, "val_loss": 3.0,
+                "params": {"stage1.train.seed": seed, "stage1.train.lr": lr, **{f"stage0.kv_heads.{k}": v for k, v in own.items()}}}
+
+    trials = [trial(0, "none", 0, 3e-3), trial(1, "none", 1, 3e-3), trial(2, "none", 0, 1e-3),
+              trial(3, "kv_heads", 0, 3e-3, kv_heads=1),  # pairs with 0: the method's own parameter does not count
+              trial(4, "kv_heads", 0, 1e-3, kv_heads=1), trial(5, "kv_heads", 0, 1e-3, kv_heads=2),  # two method trials for (seed 0, lr 1e-3)
+              trial(6, "kv_heads", 2, 3e-3, kv_heads=1)]  # no baseline on seed 2
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert [(m["trial"], b["trial"]) for m, b in pairs] == [(3, 0)] and ambiguous == 1
+
+
+def test_a_train_stage_chosen_against_none_pairs_on_the_shared_train_stage_seed():
+    """mup_upscale's claim: s1 = train | none, then a fixed s3 train; the s1 train's own seed is not a pairing key."""
+    from paretolab.results.claims import pair_trials
+    from paretolab.study.report_spec import Claim
+
+    claim = Claim("t", "val_loss", "train", "none", "lower", "train.seed")
+
+    def trial(n, label, seed, parametrization):
+        own = {"s1.train.seed": 0, "s1.train.tokens": 49152} if label == "train" else {}
+        return {"trial": n, "label": label, "val_loss": 3.0 + n,
+                "params": {**own, "s3.train.seed": seed, "mup_upscale.parametrization": parametrization}}
+
+    trials = [trial(0, "train", 0, "mup"), trial(1, "train", 1, "mup"), trial(2, "train", 0, "sp"),
+              trial(3, "none", 0, "mup"), trial(4, "none", 1, "mup"), trial(5, "none", 0, "sp")]
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert sorted((m["trial"], b["trial"]) for m, b in pairs) == [(0, 3), (1, 4), (2, 5)] and ambiguous == 0
+
+
+def test_two_methods_each_with_their_own_pair_by_parameter_pair_on_its_value():
+    """The MoE claims: puzzle_moe.calib_seed against expert_drop.calib_seed (no stage both share) pair on the value."""
+    from paretolab.results.claims import pair_trials
+    from paretolab.study.report_spec import Claim
+
+    def trial(n, label, seed, memory):
+        return {"trial": n, "label": label, "ppl": 13.0 + n, "params": {f"stage0.{label}.calib_seed": seed, f"stage0.{label}.memory": memory}}
+
+    trials = [trial(0, "puzzle_moe", 0, 0.5), trial(1, "puzzle_moe", 1, 0.5), trial(2, "puzzle_moe", 0, 0.75),
+              trial(3, "expert_drop", 1, 0.5), trial(4, "expert_drop", 0, 0.5), trial(5, "expert_drop", 0, 0.75)]
+    claim = Claim("t", "ppl", "puzzle_moe[memory=0.5]", "expert_drop[memory=0.5]", "lower", "calib_seed")
+    assert sorted((m["trial"], b["trial"]) for m, b in pair_trials(claim, trials)[0]) == [(0, 4), (1, 3)]
+
+
+def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
+    """A baseline that is a parameter of the method (tetrajet's recipe: naive) is named as ``tetrajet[recipe=naive]``."""
+    from paretolab.results.claims import pair_trials
+    from paretolab.study.report_spec import Claim
+
+    def trial(n, label, seed, **own):
+        return {"trial": n, "label": label, "val_loss": 3.0, "params": {"stage1.train.seed": seed, **{f"stage0.{label}.{k}": v for k, v in own.items()}}}
+
+    trials = [trial(0, "tetrajet", 0, recipe="tetrajet"), trial(1, "tetrajet", 0, recipe="naive"), trial(2, "none", 0),
+              trial(3, "tetrajet", 1, recipe="tetrajet"), trial(4, "tetrajet", 1, recipe="naive"), trial(5, "none", 1)]
+    claim = Claim("t", "val_loss", "tetrajet[recipe=tetrajet]", "tetrajet[recipe=naive]", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(claim, trials)[0]] == [(0, 1), (3, 4)]
+    against_none = Claim("t", "val_loss", "tetrajet[recipe=naive]", "none", "lower", "seed")
+    assert [(m["trial"], b["trial"]) for m, b in pair_trials(against_none, trials)[0]] == [(1, 2), (4, 5)]
+    unqualified = Claim("t", "val_loss", "tetrajet", "none", "lower", "seed")
+    assert pair_trials(unqualified, trials) == ([], 2)  # two tetrajet trials per seed: ambiguous, not guessed
+
+
+def test_same_method_on_both_sides_also_pairs_on_its_parameters_no_bracket_names():
+    """layerdrop[score=greedy_bi] vs layerdrop[score=random] over k and seed: pairs at the same k and seed."""
+    from paretolab.results.claims import pair_trials
+    from paretolab.study.report_spec import Claim
+
+    def trial(n, score, k, seed):
+        return {"trial": n, "label": "layerdrop", "ppl": 50.0, "params": {f"stage0.layerdrop.{p}": v for p, v in (("score", score), ("k", k), ("seed", seed))}}
+
+    trials = [trial(i, score, k, seed) for i, (score, k, seed) in enumerate(
+        (s, k, seed) for k in (21, 23) for seed in (0, 1) for s in ("greedy_bi", "random"))]
+    claim = Claim("t", "ppl", "layerdrop[score=greedy_bi]", "layerdrop[score=random]", "lower", "seed")
+    pairs, ambiguous = pair_trials(claim, trials)
+    assert ambiguous == 0
+    assert sorted((m["params"]["stage0.layerdrop.k"], m["params"]["stage0.layerdrop.seed"], m["trial"] + 1 == b["trial"]) for m, b in pairs) == [
+        (21, 0, True), (21, 1, True), (23, 0, True), (23, 1, True)]
+
+
+@pytest.mark.parametrize("label, message", [
+    ("magnitude[sparsity=0.5", "claim.method: 'magnitude[sparsity=0.5' opens '[' without closing it"),
+    ("magnitude[sparsity]", "claim.method: 'sparsity' in 'magnitude[sparsity]' is not param=value"),
+    ("magnitude[bits=4]", "claim.method: 'magnitude[bits=4]' selects on 'bits', which is no parameter of 'magnitude'"),
+])
+def test_a_malformed_bracket_label_is_refused(label, message):
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, "claim.method", label))
+    assert message in str(err.value)
+    assert parse_spec(edited(PIPELINE, "claim.method", "magnitude[sparsity=0.5]")).claim.method == "magnitude[sparsity=0.5]"
+
+
+def test_a_reference_gives_the_share_of_the_gap_closed():
+    """tetrajet vs naive NVFP4 with fp32 (none) as the reference: (naive − tetrajet) / (naive − none) per seed."""
+    from paretolab.results.claims import claim_lines
+    from paretolab.study.report_spec import Claim
+
+    losses = {(0, "tetrajet"): 3.2, (0, "naive"): 3.4, (0, "none"): 3.0, (1, "tetrajet"): 3.3, (1, "naive"): 3.6, (1, "none"): 3.0}
+    trials = []
+    for n, ((seed, arm), loss) in enumerate(sorted(losses.items())):
+        label = "none" if arm == "none" else "tetrajet"
+        params = {"stage1.train.seed": seed, **({"stage0.tetrajet.recipe": arm} if label == "tetrajet" else {})}
+        trials.append({"trial": n, "label": label, "val_loss": loss, "params": params})
+    claim = Claim("t", "val_loss", "tetrajet[recipe=tetrajet]", "tetrajet[recipe=naive]", "lower", "seed", reference="none")
+    text = "\n".join(claim_lines(claim, trials, lambda run: None))
+    line = next(line for line in text.splitlines() if line.startswith("Share of the"))
+    # seed 0: (3.4 − 3.2)/(3.4 − 3.0) = 50 %; seed 1: (3.6 − 3.3)/(3.6 − 3.0) = 50 %
+    assert "closed by `tetrajet[recipe=tetrajet]`: (baseline − method) / (baseline − reference) = 50.0% [50.0%, 50.0%]" in line, line
+    assert "n = 2 triple(s)" in line
+    with pytest.raises(ConfigError, match="claim.reference: expected a label other than the method and the baseline"):
+        parse_spec(edited(PIPELINE, "claim.reference", "none"))
+    assert parse_spec(edited(edited(PIPELINE, "stages.0.choice", [{"method": "magnitude"}, {"method": "dyt"}, {"method": "none"}]),
+                             "claim.reference", "dyt")).claim.reference == "dyt"
+
+
+# ---- one pair judged on its windows, pair_by: none, value claims ---------------------------------
+
+
+def _window_payload(nlls):
+    return {"unit": "window", "n": len(nlls), "scores": {"nll": list(nlls)}, "weights": [128.0] * len(nlls)}
+
+
+def test_one_pair_is_judged_on_the_paired_bootstrap_over_its_windows_when_they_are_stored():
+    """catq[steps=160] vs absmean_ternary share no seed: pair_by none, one pair, verdict over the 16 windows."""
+    from paretolab.results.claims import claim_lines
+    from paretolab.study.report_spec import Claim
+
+    base = [5.0 + 0.1 * (i % 5) for i in range(16)]
+    payloads = {"catq": _window_payload([v - 0.05 for v in base]), "absmean": _window_payload(base),
+                "noisy": _window_payload([v + (0.3 if i % 2 else -0.3) for i, v in enumerate(base)])}
+    trials = [{"trial": 0, "label": "catq", "ppl": 150.0, "run_id": "catq", "params": {"stage0.catq.steps": 160}},
+              {"trial": 1, "label": "catq", "ppl": 200.0, "run_id": "noisy", "params": {"stage0.catq.steps": 10}},
+              {"trial": 2, "label": "absmean_ternary", "ppl": 158.0, "run_id": "absmean", "params": {}}]
+    claim = Claim("t", "ppl", "catq[steps=160]", "absmean_ternary", "lower", "none")
+    text = "\n".join(claim_lines(claim, trials, lambda run: None, payloads.get))
+    assert "paired on the shared parameters alone" in text
+    verdict = _verdict(text)
+    assert verdict.startswith("**Verdict: held** — ppl catq[steps=160] − absmean_ternary = "), verdict
+    assert "95 % paired bootstrap over the 16 windows both trials were scored on; trials 0–2" in verdict
+    assert "not seed-to-seed variation" in verdict
+    # the same pair with no stored windows: no interval, said as before
+    bare = _verdict("\n".join(claim_lines(claim, trials, lambda run: None, lambda run: None)))
+    assert bare.startswith("**Verdict: no verdict: one pair"), bare
+    # a noisy pair straddles zero: within noise
+    noisy = Claim("t", "ppl", "catq[steps=10]", "absmean_ternary", "lower", "none")
+    payloads["noisy"] = _window_payload([v + (0.4 if i % 2 else -0.39) for i, v in enumerate(base)])
+    assert _verdict("\n".join(claim_lines(noisy, trials, lambda run: None, payloads.get))).startswith("**Verdict: within noise**")
+
+
+def test_pair_by_none_is_accepted_and_a_value_claim_is_checked_against_its_target():
+    from paretolab.results.claims import claim_lines
+    from paretolab.study.report_spec import claim_from
+
+    spec = parse_spec(edited(PIPELINE, "claim.pair_by", "none"))
+    assert spec.claim.pair_by == "none"
+    depth = {"name": "probe", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc"},
+             "stages": [{"method": "none"}], "objectives": [{"metric": "ppl"}],
+             "claim": {"text": "alpha ~ 1", "metric": "depth_alpha", "target": 1.0, "tolerance": 0.3}}
+    claim = parse_spec(depth).claim
+    assert (claim.target, claim.tolerance, claim.method) == (1.0, 0.3, "")
+
+    def verdict(*alphas):
+        trials = [{"trial": n, "label": "none", "depth_alpha": a, "params": {}} for n, a in enumerate(alphas)]
+        return _verdict("\n".join(claim_lines(claim, trials, lambda run: None)))
+
+    assert verdict(0.474) == "**Verdict: did not hold** — depth_alpha = 0.474 (trial 0); point estimates (no interval)."
+    assert verdict(0.9, 1.25).startswith("**Verdict: held**")
+    assert verdict(0.9, 0.2).startswith("**Verdict: mixed**")
+    assert verdict().startswith("**Verdict: no verdict: no trial reported depth_alpha")
+    assert claim_from(depth["claim"]) == claim  # as the report reads it back from the stored pipeline
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"tolerance": KeyError}, "claim.tolerance: required field is missing (a value claim needs text, metric, target and tolerance)"),
+    ({"tolerance": 0}, "claim.tolerance: expected a number > 0"),
+    ({"target": "one"}, "claim.target: expected a number, got 'one'"),
+    ({"method": "none"}, "claim.method: a value claim (target, tolerance) compares no methods"),
+])
+def test_a_malformed_value_claim_is_refused_naming_the_field(edit, message):
+    claim = {"text": "alpha ~ 1", "metric": "depth_alpha", "target": 1.0, "tolerance": 0.3}
+    for key, value in edit.items():
+        if value is KeyError:
+            claim.pop(key)
+        else:
+            claim[key] = value
+    with pytest.raises(ConfigError) as err:
+        parse_spec(edited(PIPELINE, "claim", claim))
+    assert message in str(err.value)
+
+
+def test_resuming_with_an_edited_claim_updates_the_stored_pipeline_the_report_reads(tmp_path):
+    """The claim and description are outside the pipeline hash: --resume keeps the study and stores their new text."""
+    from paretolab.study.optuna_study import open_study
+
+    stores = Stores(f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "artifacts"))
+    open_study(parse_spec(PIPELINE), stores, resume=False)
+    reworded = edited(edited(PIPELINE, "claim.text", "another wording"), "description", "the paper says so")
+    study = open_study(parse_spec(reworded), stores, resume=True)
+    stored = optuna.load_study(study_name=study.study_name, storage=stores.optuna_url).user_attrs["pipeline"]
+    assert stored["claim"]["text"] == "another wording" and stored["description"] == "the paper says so"

@@ -1,0 +1,39 @@
+"""Loading the shipped pipelines, including those whose model is a checkpoint another pipeline saves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paretolab.study.spec import StudySpec, load_spec, parse_spec
+from paretolab.study.yaml_read import read_yaml
+
+ROOT = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def saved_models() -> dict[str, str]:
+    """``train.save_as`` name -> the model it is trained from, over every shipped pipeline."""
+    out = {}
+    for path in ROOT.glob("*.yaml"):
+        raw: Any = read_yaml(path.read_text(), str(path))
+        for stage in raw.get("stages") or []:
+            params = (stage.get("params") or {}) if isinstance(stage, dict) else {}
+            if stage.get("method") == "train" and isinstance(params.get("save_as"), str):
+                out[params["save_as"]] = raw["model"]
+    return out
+
+
+def load_shipped(path: Path) -> StudySpec:
+    """``load_spec``; a pipeline on a checkpoint that a shipped pipeline saves (absent on a fresh machine) is
+    checked on that checkpoint's own base model instead, everything else unchanged."""
+    from paretolab.errors import ConfigError
+    from paretolab.models import check_model_name
+
+    raw: Any = read_yaml(path.read_text(), str(path))
+    saved = saved_models()
+    if raw.get("model") in saved:
+        try:
+            check_model_name(raw["model"])
+        except ConfigError:
+            return parse_spec({**raw, "model": saved[raw["model"]]}, source=str(path))
+    return load_spec(path)
