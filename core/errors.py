@@ -36,3 +36,9 @@ class CalibrationLeakError(ConfigError):
 
 class SaveNameError(ConfigError):
     """A trained model cannot be saved under the name given (``train.save_as``) or cannot be saved as a model source at all."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): for one-line errors that wrap another."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -16,7 +16,7 @@ from paretolab.cluster.ray_auth import (
     token_help,
     use_token_if_present,
 )
-from paretolab.errors import ParetolabError
+from paretolab.errors import ParetolabError, first_line
 from paretolab.stores.locations import OPTUNA_ENV, TRACKING_ENV, redact
 
 
@@ -56,7 +56,7 @@ def init_ray(address: str | None) -> None:
             raise ParetolabError(token_help(repr(address))) from exc
         if not isinstance(exc, (ConnectionError, RuntimeError)):
             raise
-        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+        raise ParetolabError(f"could not connect to the Ray cluster at {address!r}: {first_line(exc)}") from exc
 
 
 def forwarded(key: str, value: str) -> bool:

@@ -19,7 +19,7 @@ import optuna
 
 from paretolab.cluster.ray_init import init_ray, ray_auth_env
 from paretolab.cluster.reach import require_reachable
-from paretolab.errors import ConfigError
+from paretolab.errors import ConfigError, first_line
 from paretolab.plugin_api.manager import plugin_manager, registries
 from paretolab.records import StagePlan, TrialInfo, TrialResult, TrialSettings
 from paretolab.stores.locations import Stores
@@ -210,15 +210,15 @@ def _drive(
                 except ray.exceptions.RayActorError as exc:
                     pool.lost(job.worker)
                     if job.attempt < 2:
-                        log(f"trial {job.trial.number}: worker died ({_first_line(exc)}); retrying once")
+                        log(f"trial {job.trial.number}: worker died ({first_line(exc)}); retrying once")
                         job.trial.set_user_attr(ATTEMPTS, job.attempt + 1)
                         redo.append((job.trial, job.attempt + 1))
                         outcome.retried += 1
                         continue
-                    result = TrialResult(error=f"worker process died twice: {_first_line(exc)}")
+                    result = TrialResult(error=f"worker process died twice: {first_line(exc)}")
                 except ray.exceptions.RayError as exc:
                     pool.give_back(job.worker)
-                    result = TrialResult(error=f"{type(exc).__name__}: {_first_line(exc)}")
+                    result = TrialResult(error=f"{type(exc).__name__}: {first_line(exc)}")
                 record(job, result, now)
             for ref, job in list(in_flight.items()):
                 if now - job.started > spec.search.trial_timeout_s:
@@ -315,11 +315,6 @@ def _trial_tags(spec: StudySpec, regs: Any) -> dict[str, str]:
         "paretolab.methods": ",".join(spec.methods()),
         "paretolab.plugin_versions": versions or "builtin only",
     }
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _progress(enabled: bool, total: int, initial: int, name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paretolab.errors import ConfigError, ParetolabError
+from paretolab.errors import ConfigError, ParetolabError, first_line
 from paretolab.records import TrialSettings
 from paretolab.study.spec import Resources
 
@@ -78,7 +78,7 @@ class WorkerPool:
             names = ray.get([w.ready.remote() for w in workers])
         except ray.exceptions.RayActorError as exc:
             cause = exc.__cause__ or exc
-            raise ParetolabError(f"a trial worker could not load the model: {str(cause).strip().splitlines()[0]}") from exc
+            raise ParetolabError(f"a trial worker could not load the model: {first_line(cause)}") from exc
         self.idle.extend(workers)
         return list(names)
 
@@ -122,7 +122,7 @@ class WorkerPool:
                     ray.get(ref)
                     self.idle.append(worker)
                 except ray.exceptions.RayError as exc:
-                    problems.append(f"a replacement worker failed to start: {str(exc).strip().splitlines()[0]}")
+                    problems.append(f"a replacement worker failed to start: {first_line(exc)}")
                     if not (self.idle or self.busy or self.starting):
                         again = self._new()
                         self.starting[again.ready.remote()] = again
