@@ -19,13 +19,18 @@ from tests.study.test_study import mlflow_trial_runs, optuna_trials
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
+# 1,024 steps: ~12 s of training per trial on this CPU after the token cache appears. At 128 steps (2 s) the
+# driver's kill sometimes landed after a trial had saved its model, and the "killed mid-training" premise failed.
+TOKENS, EVAL_EVERY, STEP_TOKENS = 524288, 256, 64 * 8
+
+
 def test_a_training_study_killed_mid_training_resumes_and_logs_each_trials_curve_once(tmp_path, ray_head, train_text):
     cache = tmp_path / "cache"
     spec = {
         "name": "trainstudy",
         "model": "tiny-llama",
         "task": {"name": "perplexity", "corpus": "pydoc", "max_tokens": 256, "context": 64, "stride": 64},
-        "stages": [{"method": "train", "params": {"tokens": 65536, "seq_len": 64, "batch": 8, "eval_every": 32, "eval_tokens": 1024,
+        "stages": [{"method": "train", "params": {"tokens": TOKENS, "seq_len": 64, "batch": 8, "eval_every": EVAL_EVERY, "eval_tokens": 1024,
                                                   "corpus": train_text, "seed": [0, 1], "save_as": "resumed-{seed}"}}],
         "objectives": [{"metric": "val_loss"}, {"metric": "train_flops"}],
         "search": {"sampler": "grid", "trials": 2, "seed": 0, "trial_timeout_s": 300},
@@ -40,7 +45,7 @@ def test_a_training_study_killed_mid_training_resumes_and_logs_each_trials_curve
     try:  # the token cache is written just before the first step: from then on a trial is training
         wait_for(lambda: driver.poll() is not None or ((cache / "tokens").is_dir() and any((cache / "tokens").glob("*.pt"))), timeout=300)
         assert driver.poll() is None, driver.stderr.read().decode()[-3000:]
-        time.sleep(2)
+        time.sleep(1)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -58,9 +63,9 @@ def test_a_training_study_killed_mid_training_resumes_and_logs_each_trials_curve
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / '.paretolab' / 'mlflow.db'}")
     for run in runs:
-        assert run.info.status == "FINISHED" and run.data.metrics["train_tokens"] == 65536
+        assert run.info.status == "FINISHED" and run.data.metrics["train_tokens"] == TOKENS
         curve = json.loads(open(client.download_artifacts(run.info.run_id, "learning_curve.json", str(tmp_path))).read())
-        assert [r["tokens"] for r in curve["rows"]] == [16384, 32768, 49152, 65536]
+        assert [r["tokens"] for r in curve["rows"]] == [k * EVAL_EVERY * STEP_TOKENS for k in (1, 2, 3, 4)]
         history = client.get_metric_history(run.info.run_id, "curve.val_loss")
         assert [(m.step, m.value) for m in history] == [(r["tokens"], r["val_loss"]) for r in curve["rows"]]
         assert run.data.metrics["val_loss"] == curve["rows"][-1]["val_loss"]
