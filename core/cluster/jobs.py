@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from paretolab.cluster.ray_auth import is_auth_error, token_help, use_token_if_present
 from paretolab.cluster.reach import require_reachable
-from paretolab.errors import ConfigError, ParetolabError
+from paretolab.errors import ConfigError, ParetolabError, first_line
 from paretolab.plugin_api.manager import BUILTIN_PLUGINS, plugin_manager, registries
 from paretolab.stores.locations import OPTUNA_ENV, TRACKING_ENV, has_password, redact
 
@@ -222,7 +222,7 @@ def _row(info: Any) -> dict[str, Any]:
         "job_id": getattr(info, "submission_id", None) or getattr(info, "job_id", ""),
         "status": str(getattr(status, "value", status)),
         "study": meta.get(STUDY_KEY, ""),
-        "message": (getattr(info, "message", "") or "").strip().splitlines()[0] if getattr(info, "message", "") else "",
+        "message": next(iter((getattr(info, "message", "") or "").strip().splitlines()), ""),  # a blank message is no error
         "start_time": getattr(info, "start_time", None),
         "end_time": getattr(info, "end_time", None),
     }
@@ -237,5 +237,5 @@ def _explain(exc: Exception, address: str, job_id: str | None = None) -> Paretol
     if job_id and ("does not exist" in lowered or "not found" in lowered or "404" in text):
         return ParetolabError(f"no job {job_id!r} on the Ray cluster at {address}; `paretolab jobs list --address {address}` lists them")
     if isinstance(exc, ConnectionError) or "connection" in lowered or "failed to connect" in lowered:
-        return ParetolabError(f"could not reach the Ray head's job API at {address}: {text.splitlines()[0] if text else type(exc).__name__}")
-    return ParetolabError(f"Ray job API at {address}: {text.splitlines()[0] if text else type(exc).__name__}")
+        return ParetolabError(f"could not reach the Ray head's job API at {address}: {first_line(exc)}")
+    return ParetolabError(f"Ray job API at {address}: {first_line(exc)}")

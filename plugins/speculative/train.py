@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from paretolab.data import cache_dir
-from paretolab.errors import ConfigError
+from paretolab.errors import ConfigError, first_line
 from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.speculative.corpus import training_sequences
 from paretolab.plugins.speculative.eagle import (
@@ -96,7 +96,7 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise ConfigError(
             f"the draft at {path} holds more than tensors and plain data, so it is not loaded ({reason}); "
             "delete it or retrain with `paretolab draft train --fresh`"
