@@ -55,8 +55,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         "after the studies change. `cost` says whether a saving is real (a stored format or a kernel",
         "that runs) or simulated (fake quantization, masks); latency columns are measured on the machine",
         "that ran the study, so compare them within a table, not across machines. A study whose pipeline",
-        "carries a `claim:` opens with it and its verdict on the stored trials (paired with the baseline",
-        "on the same seed and settings; 95 % t interval over the pairs).",
+        "carries claims opens with each and its verdict on the stored trials: paired with the baseline on",
+        "the same replicate (seed, calibration draw, split) and settings, one verdict per setting that varies,",
+        "a 95 % interval carrying both the replicate-to-replicate and the example-to-example noise (README:",
+        "Claims and verdicts).",
         "",
     ]
     Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")

@@ -26,12 +26,19 @@ class Metric:
     description: str
     estimated: bool = False
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The values the metric can take, when bounded: a fraction or an accuracy lies in [0, 1]."""
+        return (0.0, 1.0) if self.unit in BOUNDED_UNITS else None
+
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):
             raise ValueError(
                 f"metric {self.name!r}: direction must be 'minimize' or 'maximize', got {self.direction!r}"
             )
 
+
+BOUNDED_UNITS = ("fraction", "accuracy")  # units whose values lie in [0, 1]
 
 # What run_trial and the driver report for every trial, whatever its methods (peak_gpu_mb only on a GPU).
 TRIAL_METRICS: tuple[str, ...] = ("transform_s", "evaluate_s", "measure_s", "trial_s", "peak_rss_mb", "overhead_s", "energy_j")

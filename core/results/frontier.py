@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[int]:
-    """Indices of the non-dominated points (ties kept once), in input order.
+def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str], *, keep_ties: bool = False) -> list[int]:
+    """Indices of the non-dominated points (exact ties kept once, or all of them with ``keep_ties``), in input order.
 
     Two objectives take O(n log n) (sort, then one sweep); more objectives use a
     sort-then-filter pass that is O(n·f) for f frontier points.
@@ -26,11 +26,11 @@ def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str])
                 front.append(i)
                 best_second = keyed[i][1]
                 last = keyed[i]
-            elif last is not None and keyed[i] == last:
-                continue  # an exact duplicate of a frontier point: keep the first one only
+            elif last is not None and keyed[i] == last and keep_ties:
+                front.append(i)  # an exact duplicate of a frontier point: a tie, kept when asked
         return sorted(front)
     for i in order:  # lexicographic order: no later point can dominate an earlier one
-        if not any(_dominates(keyed[j], keyed[i]) or keyed[j] == keyed[i] for j in front):
+        if not any(_dominates(keyed[j], keyed[i]) or (keyed[j] == keyed[i] and not keep_ties) for j in front):
             front.append(i)
     return sorted(front)
 
@@ -39,22 +39,43 @@ def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
 
 
-def frontier_lines(pairs: Sequence[Sequence[str]], rows: list[dict[str, Any]], directions: dict[str, str]) -> list[str]:
-    """Markdown: for each metric pair, the methods whose trials sit on the frontier of all trials pooled, and whether the sets differ."""
+def frontier_lines(pairs: Sequence[Sequence[str]], rows: list[dict[str, Any]], directions: dict[str, str],
+                   replicates: tuple[str, ...] = ()) -> list[str]:
+    """Markdown: for each metric pair, the methods on its frontier, exact ties shown as ties, and whether the sets differ.
+
+    When trials repeat a configuration over replicates (seeds, splits), each configuration is one point:
+    the mean over its replicates, said on the line with the spread; draws are never points of their own.
+    """
+    from paretolab.results.replicates import per_configuration
+
     if not pairs:
         return []
-    lines = ["**Frontiers** (every complete trial is one point; listed: the trials no other trial beats on both metrics, by method):", ""]
+    lines = ["**Frontiers** (listed: the points no other point beats on both metrics, by method; `=` marks an exact tie):", ""]
     sets = []
     for pair in pairs:
-        points = [r for r in rows if all(isinstance(r.get(m), (int, float)) for m in pair)]
-        front = [points[i] for i in pareto_indices([[float(r[m]) for m in pair] for r in points], [directions[m] for m in pair])]
-        by_method: dict[str, list[int]] = {}
+        trials = [r for r in rows if all(isinstance(r.get(m), (int, float)) for m in pair)]
+        points = per_configuration(trials, tuple(pair), replicates) if replicates else trials
+        averaged = len(points) < len(trials)
+        if not averaged:
+            points = trials
+        front = [points[i] for i in pareto_indices([[float(r[m]) for m in pair] for r in points], [directions[m] for m in pair], keep_ties=True)]
+        by_method: dict[str, list[str]] = {}
         for r in front:
-            by_method.setdefault(r["label"], []).append(int(r["trial"]))
+            tied = [o for o in front if o is not r and all(float(o[m]) == float(r[m]) for m in pair)]
+            name = _point_name(r, averaged) + "".join(f" = {o['label']} {_point_name(o, averaged)}" for o in tied)
+            by_method.setdefault(r["label"], []).append(name)
         sets.append(frozenset(by_method))
-        listed = "; ".join(f"{label} (trial{'s' if len(t) > 1 else ''} {', '.join(map(str, sorted(t)))})" for label, t in sorted(by_method.items()))
-        lines.append(f"- `{pair[0]}` vs `{pair[1]}` ({len(points)} trials): {listed or 'no trial reported both'}")
+        listed = "; ".join(f"{label} ({', '.join(names)})" for label, names in sorted(by_method.items()))
+        what = (f"{len(trials)} trials as {len(points)} configurations, each the mean over its replicates ({', '.join(replicates)})"
+                if averaged else f"{len(trials)} trials")
+        lines.append(f"- `{pair[0]}` vs `{pair[1]}` ({what}): {listed or 'no trial reported both'}")
     names = [", ".join(sorted(s)) or "none" for s in sets]
     outcome = ("the methods on the frontier differ: " + " → ".join(f"{{{n}}}" for n in names)) if len(set(sets)) > 1 \
         else f"the same methods sit on every frontier: {{{names[0]}}}"
     return [*lines, "", f"**Frontier outcome:** {outcome}.", ""]
+
+
+def _point_name(row: dict[str, Any], averaged: bool) -> str:
+    if averaged:
+        return f"trials {'+'.join(map(str, row['trials']))}" if row["n"] > 1 else f"trial {row['trial']}"
+    return f"trial {row['trial']}"

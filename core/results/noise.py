@@ -67,9 +67,12 @@ def difference(a: dict[str, Any], b: dict[str, Any], metric: str, fetch: Fetch) 
     return PairedDifference(diff, diff - half, diff + half, 0, "unpaired")
 
 
-def quality_cells(rows: list[dict[str, Any]], baseline: dict[str, Any] | None, metrics: list[str], fetch: Fetch) -> list[str]:
-    """Give each row its quality ± interval and, against ``baseline``, the difference with its interval.
+def quality_cells(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, Any]], "dict[str, Any] | str | None"],
+                  metrics: list[str], fetch: Fetch) -> list[str]:
+    """Give each row its quality ± interval and, against its own baseline, the difference with its interval.
 
+    ``baseline_of(row)`` is the baseline trial of the row's replicate (the ``none`` trial of the same
+    seed), the row itself when it is that baseline, or a text saying why it has none (``unpaired: ...``).
     Writes ``row[metric]`` as text (``0.652 ± 0.021`` with 1 standard error, or ``23.4 [22.1, 24.9]``
     for a 95 % interval), ``row["n"]`` (the sample size) and ``row[f"Δ{metric} vs none"]``; returns
     the added difference columns.
@@ -78,7 +81,11 @@ def quality_cells(rows: list[dict[str, Any]], baseline: dict[str, Any] | None, m
     for metric in [m for m in metrics if m in QUALITY and any(m in r for r in rows)]:
         column = f"Δ{metric} vs none"
         for row in rows:
-            if baseline is not None and row is not baseline and metric in row:
+            baseline = baseline_of(row)
+            if isinstance(baseline, str) and metric in row:
+                row[column] = baseline
+                added += [column] if column not in added else []
+            elif baseline is not None and not isinstance(baseline, str) and baseline is not row and metric in row:
                 d = difference(row, baseline, metric, fetch)
                 if d is not None:
                     row[column] = describe(d)

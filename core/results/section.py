@@ -11,9 +11,10 @@ import optuna
 
 from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
-from paretolab.results.claims import claim_lines, trial_label
+from paretolab.results.claims import claims_lines, trial_label
 from paretolab.results.frontier import frontier_lines
 from paretolab.results.noise import QUALITY, artifact_reader, quality_cells
+from paretolab.results.replicates import baseline_finder, named_params, report_replicates
 from paretolab.results.read import (
     load_study,
     per_method,
@@ -22,7 +23,7 @@ from paretolab.results.read import (
     trial_table,
 )
 from paretolab.stores.locations import Stores
-from paretolab.study.report_spec import claim_from
+from paretolab.study.report_spec import claims_from
 from paretolab.training.checkpoints import RECORD, trained_dir
 from paretolab.training.curves import mlflow_reader
 
@@ -78,7 +79,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
-    columns, legend = _with_uncertainty(shown, rows, columns, stores)
+    columns, legend = _with_uncertainty(shown, rows, columns, stores, report_replicates(pipeline))
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
 
@@ -104,12 +105,14 @@ def _trained_base(model: str) -> list[str]:
 
 
 def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:
-    """The pipeline's claim with its verdict from the stored trials (nothing when it has none)."""
-    claim = claim_from(pipeline.get("claim"))
-    if claim is None:
+    """The pipeline's claims with their verdicts from the stored trials (nothing when it has none)."""
+    metrics = registries().metrics
+    claims = claims_from(pipeline, {m.name: m.direction for m in metrics})
+    if not claims:
         return []
-    trials = [{**r, "label": _choice_label(pipeline, r), "params": _named_params(r)} for r in rows]
-    return claim_lines(claim, trials, mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri))
+    trials = [{**r, "label": _choice_label(pipeline, r), "params": named_params(r)} for r in rows]
+    return claims_lines(claims, trials, mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri),
+                        lambda m: metrics.get(m).bounds if m in metrics else None)
 
 
 def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
@@ -118,7 +121,7 @@ def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str
     metrics = registries().metrics
     directions = {m: metrics.get(m).direction for pair in pairs for m in pair if m in metrics}
     usable = [pair for pair in pairs if all(m in directions for m in pair)]
-    return frontier_lines(usable, [{**r, "label": _choice_label(pipeline, r)} for r in rows], directions)
+    return frontier_lines(usable, [{**r, "label": _choice_label(pipeline, r)} for r in rows], directions, report_replicates(pipeline))
 
 
 def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
@@ -129,21 +132,6 @@ def _choice_label(pipeline: dict[str, Any], row: dict[str, Any]) -> str:
             key = f"{stage.get('id', f'stage{index}')}.method"
             picked[key] = str(row["run_params"].get(key) or row["params"].get(key) or "none")
     return trial_label(picked)
-
-
-def _named_params(row: dict[str, Any]) -> dict[str, Any]:
-    """Every parameter the trial ran with, ``stage.method.param`` -> value (fixed ones too, from the MLflow run); Optuna's searched ones without a run."""
-    logged = {key: _parsed(value) for key, value in row["run_params"].items()
-              if key.count(".") == 2 and not key.startswith(("info.", "trial."))}
-    return logged or {k: v for k, v in row["params"].items() if not k.endswith(".method")}
-
-
-def _parsed(text: Any) -> Any:
-    """A logged MLflow param (text) back to the value the trial had, so it matches Optuna's."""
-    try:
-        return json.loads(text) if isinstance(text, str) else text
-    except ValueError:
-        return text
 
 
 # A timing whose interquartile range exceeds this fraction of its median is too noisy to rank
@@ -242,13 +230,13 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores) -> tuple[list[str], list[str]]:
+def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores,
+                      replicates: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
     quality = [c for c in columns if c in QUALITY]
     if not quality:
         return columns, []
-    baseline = next((r for r in rows if r["method"] == "none"), None)
-    added = quality_cells(shown, baseline, quality, artifact_reader(stores.tracking_uri))
+    added = quality_cells(shown, baseline_finder(rows, replicates), quality, artifact_reader(stores.tracking_uri))
     out = list(columns)
     for column in added:  # each difference right after its metric
         metric = column[1:].split(" ", 1)[0]
@@ -257,8 +245,9 @@ def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], c
         out.append("n")
     legend = [
         "Quality: value ± 1 standard error (lm-eval's formula), or a 95 % bootstrap interval over the windows for ppl. "
-        "Δ … vs none: difference to the unmodified model with its 95 % interval, paired over the same examples or "
-        "windows; *within noise* when that interval contains 0. n: the examples or windows behind the quality numbers.",
+        f"Δ … vs none: difference to the unmodified model's trial of the same replicate ({', '.join(replicates)}) with its 95 % "
+        "interval, paired over the same examples or windows (*unpaired* where no such trial exists); *within noise* when "
+        "that interval contains 0. n: the examples or windows behind the quality numbers.",
         "",
     ]
     return out, legend

@@ -17,7 +17,7 @@ from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.metrics import TRIAL_METRICS
 from paretolab.plugin_api.options import parse_options
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
-from paretolab.study.report_spec import Claim, parse_claim, parse_frontiers
+from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
 from paretolab.study.stages import Stage, parse_stage
 from paretolab.study.yaml_read import MAX_PIPELINE_BYTES, read_yaml
 from paretolab.tasks.held_out import check_calibration_corpus
@@ -28,7 +28,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
-HASH_IGNORES_TOP = ("description", "resources", "claim", "frontiers")  # a claim and frontiers are read by the report, never by a trial
+HASH_IGNORES_TOP = ("description", "resources", "claim", "claims", "frontiers")  # claims and frontiers are read by the report, never by a trial
 HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s")
 
 
@@ -66,10 +66,15 @@ class StudySpec:
     search: SearchSpec = field(default_factory=SearchSpec)
     resources: Resources = field(default_factory=Resources)
     measures: dict[str, dict[str, Any]] | None = None  # None: the default measures
-    claim: Claim | None = None  # what the study is to check; `paretolab report` gives its verdict
+    claims: tuple[Claim, ...] = ()  # what the study is to check; `paretolab report` gives each its verdict
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     models: dict[str, str] = field(default_factory=dict)  # `models:` by role, loaded once per worker (see paretolab.routing)
     prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (a simulated cost)
+
+    @property
+    def claim(self) -> Claim | None:
+        """The first claim (the one a ``claim:`` block gives), or None."""
+        return self.claims[0] if self.claims else None
 
     def pipeline_hash(self) -> str:
         """Identity of what decides the study's results: not its description, resources, trial count or timeout."""
@@ -95,7 +100,7 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
-TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "frontiers")
+TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "claims", "frontiers")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -155,7 +160,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     search = _parse_search(raw.get("search") or {})
     resources = _parse_resources(raw.get("resources") or {})
     _check_objectives_produced(objectives, task, measures, stages, resources, regs)
-    claim = parse_claim(raw.get("claim"), stages, regs)
+    claims = parse_claims(raw, stages, regs)
     parse_frontiers(raw.get("frontiers"), regs)  # the report prints them; refuse a typo now
     return StudySpec(
         name=name,
@@ -167,7 +172,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         search=search,
         resources=resources,
         measures=measures,
-        claim=claim,
+        claims=claims,
         raw=raw,
         models=models,
         prices=prices,

@@ -41,13 +41,13 @@ def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
 @pytest.mark.parametrize(
     "path, value, message",
     [
-        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, pair_by, reference, target, tolerance}, got 'better'"),
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, replicates, pair_by, margin, scale, reference, target, tolerance}, got 'better'"),
         ("claim.verdict", "held", "claim.verdict: unknown field"),
         ("claim.text", KeyError, "claim.text: required field is missing"),
         ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
         ("claim.method", "wanda", "claim.method: 'wanda' names 'wanda', which no `choice` stage offers; give methods of the choice stages joined by + (magnitude, none)"),
         ("claim.baseline", "magnitude", "claim.baseline: 'magnitude' is also the claim's method"),
-        ("claim.expect", "better", "claim.expect: expected lower or higher"),
+        ("claim.expect", "better", "claim.expect: expected lower or higher (the direction the method should move ppl), or no_worse / equivalent with a margin; got 'better'"),
         ("claim.pair_by", KeyError, "claim.pair_by: 'seed' is no parameter of this pipeline's methods; give one of"),  # the default
     ],
 )
@@ -115,7 +115,7 @@ STUDIES = {  # name -> (trials, claim, curves)
     "higher": (_paired([0.20, 0.22, 0.21]), {**CLAIM, "expect": "higher"}, True),
     # baseline trials stored as seeds 2, 0, 1 and method trials as 1, 2, 0; the method lowers each seed's loss by exactly 0.1
     "order": ([("none", s, BASE[s], 1e9) for s in (2, 0, 1)] + [("bhyt", s, BASE[s] - 0.1, 1e9) for s in (1, 2, 0)], CLAIM, True),
-    "flops": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, True),
+    "flops": (_paired([0.05, 0.06, 0.04], flops=(0.5e9, 1e9)), CLAIM, True),
     "no_curves": (_paired([0.05, 0.05, 0.05], flops=(0.5e9, 1e9)), CLAIM, False),
     "one_pair": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], CLAIM, True),
     "no_claim": ([("none", 0, 3.0, 1e9), ("bhyt", 0, 2.9, 1e9)], None, True),
@@ -144,10 +144,10 @@ def test_claim_held_when_every_paired_difference_is_on_the_expected_side(stores)
     text = _section(stores, "held")
     lines = text.splitlines()
     assert lines[0] == "## held" and lines[2] == "**Claim:** BHyT trains to a lower loss than RMSNorm"  # at the top of the section
-    assert "against baseline `none` on `val_loss` (lower expected), paired on `seed`" in text
+    assert "against baseline `none` on `val_loss` (lower expected), paired on replicates `seed` and every other shared setting" in text
     verdict = _verdict(text)
     assert verdict.startswith("**Verdict: held** — val_loss bhyt − none = -0.11 [")
-    assert "(95 % t interval), mean over n = 3 pair(s) (trials 3–0, 4–1, 5–2)" in verdict
+    assert "(95 % interval: t over 3 replicates; no per-example scores stored), mean over n = 3 pair(s) (trials 3–0, 4–1, 5–2)" in verdict
     # t(0.975, 2) = 4.303; sd of (-.10, -.12, -.11) is 0.01: the interval is -0.11 ± 0.02484
     low, high = (float(x) for x in verdict.split("[", 1)[1].split("]", 1)[0].split(","))
     assert low == pytest.approx(-0.11 - 0.02484, abs=2e-4) and high == pytest.approx(-0.11 + 0.02484, abs=2e-4)
@@ -168,7 +168,7 @@ def test_expect_higher_turns_the_verdict_round(stores):
 
 def test_pairs_are_matched_on_the_seed_not_on_the_trial_order(stores):
     verdict = _verdict(_section(stores, "order"))
-    assert "= -0.1 [-0.1, -0.1]" in verdict, verdict  # zero spread: only a seed-matched pairing gives equal differences
+    assert "= -0.1 (the same on all 3 replicate(s)" in verdict, verdict  # zero spread: only a seed-matched pairing gives equal differences
     assert "trials 5–1, 3–2, 4–0" in verdict  # (method, baseline) for seeds 0, 1, 2
 
 
@@ -176,8 +176,8 @@ def test_loss_at_equal_flops_reads_the_larger_budgets_curve(stores):
     # bhyt spends 0.5e9 FLOPs, the baseline 1e9: the baseline's curve is read at 0.5e9, where it is final + 0.5
     text = _section(stores, "flops")
     line = next(line for line in text.splitlines() if line.startswith("At equal training FLOPs"))
-    # val_loss(bhyt) - baseline curve at 0.5e9 = (base + 0.05) - (base + 0.5) = -0.45 on every pair
-    assert line.startswith("At equal training FLOPs: **held** — val_loss bhyt − none = -0.45 [-0.45, -0.45]"), line
+    # val_loss(bhyt) - baseline curve at 0.5e9 = (base + d) - (base + 0.5) = d - 0.5 on every pair: -0.45, -0.44, -0.46
+    assert line.startswith("At equal training FLOPs: **held** — val_loss bhyt − none = -0.45 ["), line
     assert _verdict(text).startswith("**Verdict: did not hold**")  # at its own (smaller) budget the loss is higher
 
 
@@ -187,13 +187,14 @@ def test_unreadable_curves_are_said_when_budgets_differ(stores):
 
 def test_one_pair_gives_no_verdict_and_a_study_without_a_claim_gets_no_block(stores):
     verdict = _verdict(_section(stores, "one_pair"))
-    assert verdict.startswith("**Verdict: no verdict: one pair (an interval needs at least two)** — val_loss bhyt − none = -0.1, mean over n = 1")
+    assert verdict.startswith("**Verdict: no verdict: one replicate and no per-example scores stored (an interval needs two replicates or the examples)** "
+                              "— val_loss bhyt − none = -0.1, mean over n = 1")
     plain = _section(stores, "no_claim")
     assert "Claim" not in plain and "Verdict" not in plain
 
 
 def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_not_guessed():
-    from paretolab.results.claims import pair_trials
+    from paretolab.results.pairing import group_pairs
     from paretolab.study.report_spec import Claim
 
     claim = Claim("t", "val_loss", "kv_heads", "none", "lower", "seed")
@@ -203,11 +204,15 @@ def test_pairs_need_the_same_shared_parameters_and_ambiguous_seeds_are_counted_n
                 "params": {"stage1.train.seed": seed, "stage1.train.lr": lr, **{f"stage0.kv_heads.{k}": v for k, v in own.items()}}}
 
     trials = [trial(0, "none", 0, 3e-3), trial(1, "none", 1, 3e-3), trial(2, "none", 0, 1e-3),
-              trial(3, "kv_heads", 0, 3e-3, kv_heads=1),  # pairs with 0: the method's own parameter does not count
-              trial(4, "kv_heads", 0, 1e-3, kv_heads=1), trial(5, "kv_heads", 0, 1e-3, kv_heads=2),  # two method trials for (seed 0, lr 1e-3)
-              trial(6, "kv_heads", 2, 3e-3, kv_heads=1)]  # no baseline on seed 2
-    pairs, ambiguous = pair_trials(claim, trials)
-    assert [(m["trial"], b["trial"]) for m, b in pairs] == [(3, 0)] and ambiguous == 1
+              trial(3, "kv_heads", 0, 3e-3, kv_heads=1),  # pairs with 0 (seed 0, lr 3e-3)
+              trial(4, "kv_heads", 0, 1e-3, kv_heads=1), trial(5, "kv_heads", 0, 1e-3, kv_heads=2),  # two settings of the method's own kv_heads
+              trial(6, "kv_heads", 2, 3e-3, kv_heads=1),  # no baseline on seed 2
+              trial(7, "none", 1, 3e-3), trial(8, "kv_heads", 1, 3e-3, kv_heads=1), trial(9, "kv_heads", 1, 3e-3, kv_heads=1)]  # a duplicate
+    groups, ambiguous = group_pairs(claim, trials)
+    got = {g.label(): [(m["trial"], b["trial"]) for m, b in g.pairs] for g in groups}
+    # lr (shared) and kv_heads (the method's own) vary: one group per setting, never pooled; the duplicate is counted, not guessed
+    assert got == {"kv_heads=1, lr=0.001": [(4, 2)], "kv_heads=2, lr=0.001": [(5, 2)], "kv_heads=1, lr=0.003": [(3, 0)]}, got
+    assert ambiguous == 1
 
 
 def test_a_train_stage_chosen_against_none_pairs_on_the_shared_train_stage_seed():
@@ -257,7 +262,9 @@ def test_a_label_in_brackets_selects_trials_by_the_methods_own_parameter():
     against_none = Claim("t", "val_loss", "tetrajet[recipe=naive]", "none", "lower", "seed")
     assert [(m["trial"], b["trial"]) for m, b in pair_trials(against_none, trials)[0]] == [(1, 2), (4, 5)]
     unqualified = Claim("t", "val_loss", "tetrajet", "none", "lower", "seed")
-    assert pair_trials(unqualified, trials) == ([], 2)  # two tetrajet trials per seed: ambiguous, not guessed
+    from paretolab.results.pairing import group_pairs
+    groups = group_pairs(unqualified, trials)[0]  # two tetrajet trials per seed: one verdict per recipe, not pooled
+    assert {g.label(): [(m["trial"], b["trial"]) for m, b in g.pairs] for g in groups} == {"recipe=naive": [(1, 2), (4, 5)], "recipe=tetrajet": [(0, 2), (3, 5)]}
 
 
 def test_same_method_on_both_sides_also_pairs_on_its_parameters_no_bracket_names():
@@ -304,7 +311,7 @@ def test_a_reference_gives_the_share_of_the_gap_closed():
     text = "\n".join(claim_lines(claim, trials, lambda run: None))
     line = next(line for line in text.splitlines() if line.startswith("Share of the"))
     # seed 0: (3.4 − 3.2)/(3.4 − 3.0) = 50 %; seed 1: (3.6 − 3.3)/(3.6 − 3.0) = 50 %
-    assert "closed by `tetrajet[recipe=tetrajet]`: (baseline − method) / (baseline − reference) = 50.0% [50.0%, 50.0%]" in line, line
+    assert "closed by `tetrajet[recipe=tetrajet]`: (baseline − method) / (baseline − reference) = 50.0% (the same on all 2: no variation observed)" in line, line
     assert "n = 2 triple(s)" in line
     with pytest.raises(ConfigError, match="claim.reference: expected a label other than the method and the baseline"):
         parse_spec(edited(PIPELINE, "claim.reference", "none"))
@@ -324,25 +331,29 @@ def test_one_pair_is_judged_on_the_paired_bootstrap_over_its_windows_when_they_a
     from paretolab.results.claims import claim_lines
     from paretolab.study.report_spec import Claim
 
+    import math
+
     base = [5.0 + 0.1 * (i % 5) for i in range(16)]
     payloads = {"catq": _window_payload([v - 0.05 for v in base]), "absmean": _window_payload(base),
-                "noisy": _window_payload([v + (0.3 if i % 2 else -0.3) for i, v in enumerate(base)])}
-    trials = [{"trial": 0, "label": "catq", "ppl": 150.0, "run_id": "catq", "params": {"stage0.catq.steps": 160}},
-              {"trial": 1, "label": "catq", "ppl": 200.0, "run_id": "noisy", "params": {"stage0.catq.steps": 10}},
-              {"trial": 2, "label": "absmean_ternary", "ppl": 158.0, "run_id": "absmean", "params": {}}]
+                "noisy": _window_payload([v + (0.4 if i % 2 else -0.39) for i, v in enumerate(base)])}
+
+    def ppl(run):  # what the task logs: exp of the token-weighted mean window NLL
+        return math.exp(sum(payloads[run]["scores"]["nll"]) / 16)
+
+    trials = [{"trial": 0, "label": "catq", "ppl": ppl("catq"), "run_id": "catq", "params": {"stage0.catq.steps": 160}},
+              {"trial": 1, "label": "catq", "ppl": ppl("noisy"), "run_id": "noisy", "params": {"stage0.catq.steps": 10}},
+              {"trial": 2, "label": "absmean_ternary", "ppl": ppl("absmean"), "run_id": "absmean", "params": {}}]
     claim = Claim("t", "ppl", "catq[steps=160]", "absmean_ternary", "lower", "none")
     text = "\n".join(claim_lines(claim, trials, lambda run: None, payloads.get))
-    assert "paired on the shared parameters alone" in text
+    assert "paired on no replicate (each setting rests on its examples)" in text
     verdict = _verdict(text)
     assert verdict.startswith("**Verdict: held** — ppl catq[steps=160] − absmean_ternary = "), verdict
-    assert "95 % paired bootstrap over the 16 windows both trials were scored on; trials 0–2" in verdict
-    assert "not seed-to-seed variation" in verdict
+    assert "(95 % interval: paired bootstrap over 16 windows; one replicate: evaluation noise only, not seed-to-seed), mean over n = 1 pair(s) (trials 0–2)" in verdict
     # the same pair with no stored windows: no interval, said as before
     bare = _verdict("\n".join(claim_lines(claim, trials, lambda run: None, lambda run: None)))
-    assert bare.startswith("**Verdict: no verdict: one pair"), bare
+    assert bare.startswith("**Verdict: no verdict: one replicate and no per-example scores stored"), bare
     # a noisy pair straddles zero: within noise
     noisy = Claim("t", "ppl", "catq[steps=10]", "absmean_ternary", "lower", "none")
-    payloads["noisy"] = _window_payload([v + (0.4 if i % 2 else -0.39) for i, v in enumerate(base)])
     assert _verdict("\n".join(claim_lines(noisy, trials, lambda run: None, payloads.get))).startswith("**Verdict: within noise**")
 
 
@@ -362,9 +373,9 @@ def test_pair_by_none_is_accepted_and_a_value_claim_is_checked_against_its_targe
         trials = [{"trial": n, "label": "none", "depth_alpha": a, "params": {}} for n, a in enumerate(alphas)]
         return _verdict("\n".join(claim_lines(claim, trials, lambda run: None)))
 
-    assert verdict(0.474) == "**Verdict: did not hold** — depth_alpha = 0.474 (trial 0); point estimates (no interval)."
-    assert verdict(0.9, 1.25).startswith("**Verdict: held**")
-    assert verdict(0.9, 0.2).startswith("**Verdict: mixed**")
+    assert verdict(0.474) == "**Verdict: no verdict: point estimates, no interval** — depth_alpha = 0.474 (trial 0); outside the band."
+    assert verdict(0.9, 1.25).endswith("; inside the band.")
+    assert verdict(0.9, 0.2).endswith("; partly inside the band.")
     assert verdict().startswith("**Verdict: no verdict: no trial reported depth_alpha")
     assert claim_from(depth["claim"]) == claim  # as the report reads it back from the stored pipeline
 

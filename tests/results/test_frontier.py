@@ -61,6 +61,51 @@ def test_frontier_lines_name_the_methods_on_each_frontier_and_whether_they_diffe
     assert "the same methods sit on every frontier: {distill_kd, none}" in same
 
 
+def test_exact_ties_on_a_frontier_are_shown_as_ties_not_whichever_came_first():
+    """LazyStack's trial 1 tied two other methods exactly; listing only the first-seen hid that."""
+    from paretolab.results.frontier import frontier_lines, pareto_indices
+
+    rows = [{"trial": 1, "label": "lazystack", "acc": 0.6, "cost": 2.0}, {"trial": 4, "label": "cascade", "acc": 0.6, "cost": 2.0},
+            {"trial": 7, "label": "fixed", "acc": 0.6, "cost": 2.0}, {"trial": 9, "label": "large", "acc": 0.7, "cost": 5.0}]
+    assert pareto_indices([[0.6, 2.0], [0.6, 2.0]], ["maximize", "minimize"]) == [0]  # the default keeps one
+    assert pareto_indices([[0.6, 2.0], [0.6, 2.0]], ["maximize", "minimize"], keep_ties=True) == [0, 1]
+    assert pareto_indices([[0.6, 2.0, 1.0], [0.6, 2.0, 1.0]], ["maximize", "minimize", "minimize"], keep_ties=True) == [0, 1]
+    text = "\n".join(frontier_lines([("acc", "cost")], rows, {"acc": "maximize", "cost": "minimize"}))
+    assert "lazystack (trial 1 = cascade trial 4 = fixed trial 7)" in text, text
+    assert "cascade (trial 4 = lazystack trial 1 = fixed trial 7)" in text and "large (trial 9)" in text
+
+
+def test_with_replicates_each_configuration_is_one_point_the_mean_over_its_replicates():
+    """Routing over three splits: a configuration lucky on one split must not reach the frontier on that draw alone."""
+    from paretolab.results.frontier import frontier_lines
+
+    def row(n, label, threshold, split, acc, cost):
+        return {"trial": n, "label": label, "acc": acc, "cost": cost,
+                "run_params": {"stage0.route.threshold": threshold, "stage0.route.split": split}}
+
+    rows = [row(0, "sdr", 0.1, 0, 0.70, 1.0), row(1, "sdr", 0.1, 1, 0.62, 1.0), row(2, "sdr", 0.1, 2, 0.66, 1.0),  # mean 0.66
+            row(3, "cascade", 0.6, 0, 0.75, 1.0), row(4, "cascade", 0.6, 1, 0.55, 1.0), row(5, "cascade", 0.6, 2, 0.56, 1.0)]  # mean 0.62
+    directions = {"acc": "maximize", "cost": "minimize"}
+    pooled = "\n".join(frontier_lines([("acc", "cost")], rows, directions))
+    assert "cascade (trial 3)" in pooled  # pooled draws: one lucky split puts the cascade on the frontier
+    averaged = "\n".join(frontier_lines([("acc", "cost")], rows, directions, ("split",)))
+    assert "(6 trials as 2 configurations, each the mean over its replicates (split)): sdr (trials 0+1+2)" in averaged, averaged
+    assert "cascade" not in averaged.split("**Frontier outcome")[0].split(":", 2)[-1]
+
+
+def test_a_rows_baseline_is_the_none_trial_of_its_own_replicate():
+    """The report's "vs none" column: none at seed 1 is its own baseline, never compared with none at seed 0."""
+    from paretolab.results.replicates import baseline_finder
+
+    def row(n, method, seed):
+        return {"trial": n, "method": method, "run_params": {"stage1.train.seed": seed, "stage1.train.lr": 0.003}}
+
+    rows = [row(0, "none", 0), row(1, "none", 1), row(2, "bhyt", 0), row(3, "bhyt", 1), row(4, "bhyt", 2)]
+    find = baseline_finder(rows, ("seed",))
+    assert find(rows[1]) is rows[1] and find(rows[2]) is rows[0] and find(rows[3]) is rows[1]
+    assert find(rows[4]) == "unpaired: no `none` trial at seed=2"
+
+
 def test_a_pipeline_frontier_on_an_unknown_metric_is_refused():
     import pytest
     import yaml

@@ -1,0 +1,161 @@
+"""Which stored trials a claim compares: its arms (labels), pairs matched on replicates and settings, groups per setting.
+
+A trial is ``{"trial", "label", "params": {"stage.method.param" or "method.param": value}, metrics...}``.
+A label names what the choice stages picked (``bhyt``, ``none``, ``magnitude+rtn``) and may end in
+``[param=value, ...]`` to take only the trials whose methods ran with those values.
+
+A method trial and a baseline trial are a *pair* when they have the same value of every replicate
+(the claim's ``replicates``: seeds, calibration draws, splits) and of every shared setting. A
+setting that varies on one side only (the method's own ``quantile``, a baseline's own ``k``)
+and a shared setting that takes several values both split the comparison into *groups*, one per
+setting: a verdict is given per group, never pooled over settings as if they were draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from paretolab.study.report_spec import Claim, split_label
+
+NONE = "none"
+
+
+@dataclass
+class Group:
+    """The pairs of one setting; ``setting`` names the values that tell this group from the others (empty when alone)."""
+
+    setting: tuple[tuple[str, str], ...]
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    def label(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.setting)
+
+
+def trial_label(choices: dict[str, str]) -> str:
+    """The label of what a trial's choice stages picked: non-``none`` methods joined by ``+``, else ``none``."""
+    picked = [m for m in choices.values() if m != NONE]
+    return "+".join(picked) or NONE
+
+
+def selects(label: str, trial: dict[str, Any]) -> bool:
+    """The trial has ``label``'s methods and ran them with the values its brackets ask for."""
+    base, wanted = split_label(label)
+    if trial["label"] != base:
+        return False
+    methods = base.split("+")
+    for name, value in wanted.items():
+        ran = [v for k, v in trial["params"].items() if short(k) == name and method_of(k) in methods]
+        if not ran or not all(_same(v, value) for v in ran):
+            return False
+    return True
+
+
+def method_of(param: str) -> str:
+    """The method a parameter name belongs to: ``stage1.train.lr`` and ``train.lr`` -> ``train``."""
+    parts = param.split(".")
+    return parts[-2] if len(parts) >= 2 else ""
+
+
+def short(param: str) -> str:
+    return param.split(".")[-1]
+
+
+def _same(value: Any, text: str) -> bool:
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return str(value) == text
+
+
+def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group], int]:
+    """The claim's (method, baseline) pairs, one group per setting; and how many keys had more than one trial on a side.
+
+    A key with two trials on one side that no setting tells apart cannot be paired and is counted, not guessed.
+    """
+    (m_base, m_wanted), (b_base, b_wanted) = split_label(claim.method), split_label(claim.baseline)
+    own = {*m_base.split("+"), *b_base.split("+")}
+    same_methods = m_base == b_base  # layerdrop[score=greedy_bi] vs layerdrop[score=random]: their other params must match
+    selected = {*m_wanted, *b_wanted}
+
+    def is_replicate_name(name: str) -> bool:
+        parts = name.split(".")
+        return any(parts[-1] == r or ".".join(parts[-2:]) == r for r in claim.replicates)
+
+    sides: dict[str, list[dict[str, Any]]] = {"method": [], "baseline": []}
+    for trial in trials:
+        if not isinstance(trial.get(claim.metric), (int, float)):
+            continue
+        if selects(claim.method, trial):
+            sides["method"].append(trial)
+        elif selects(claim.baseline, trial):
+            sides["baseline"].append(trial)
+    full = {side: {k for t in ts for k in t["params"]} for side, ts in sides.items()}
+    # the replicate parameters both sides have; when none is shared (puzzle_moe.calib_seed vs expert_drop.calib_seed), each side's own
+    reps = {k for k in full["method"] & full["baseline"] if is_replicate_name(k)}
+    if not reps:
+        reps = {k for k in full["method"] | full["baseline"] if is_replicate_name(k)}
+
+    def setting_name(k: str) -> str | None:
+        if k in reps or (short(k) in selected and method_of(k) in own):
+            return None  # a replicate, or what a bracket already selected
+        if method_of(k) in own and not same_methods and not (k in full["method"] and k in full["baseline"]):
+            return short(k)  # rfid_moe.memory and svd_moe.memory are the same setting
+        return k
+
+    def split(trial: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, str]] | None:
+        rep = tuple(repr(v) for k, v in sorted(trial["params"].items()) if k in reps)  # one value per stage that has it
+        if claim.replicates and not rep:
+            return None
+        named = {}
+        for k, v in trial["params"].items():
+            if (name := setting_name(k)) is not None:
+                named[name] = _text(v)
+        return rep, named
+
+    parts = {side: [(t, s) for t in ts if (s := split(t)) is not None] for side, ts in sides.items()}
+    names = {side: {n for _, (_, named) in ps for n in named} for side, ps in parts.items()}
+    common = sorted(names["method"] & names["baseline"])
+
+    def keyed(side: str) -> dict[tuple[Any, ...], dict[tuple[tuple[str, str], ...], list[dict[str, Any]]]]:
+        out: dict[tuple[Any, ...], dict[tuple[tuple[str, str], ...], list[dict[str, Any]]]] = {}
+        for trial, (rep, named) in parts[side]:
+            key = (rep, tuple((n, named.get(n, "")) for n in common))
+            extra = tuple(sorted((n, v) for n, v in named.items() if n not in common))
+            out.setdefault(key, {}).setdefault(extra, []).append(trial)
+        return out
+
+    method, baseline = keyed("method"), keyed("baseline")
+    groups: dict[tuple[Any, ...], Group] = {}
+    ambiguous = 0
+    for key in sorted(set(method) & set(baseline), key=repr):
+        for m_extra, m_trials in sorted(method[key].items()):
+            for b_extra, b_trials in sorted(baseline[key].items()):
+                if len(m_trials) != 1 or len(b_trials) != 1:
+                    ambiguous += 1
+                    continue
+                gid = (key[1], m_extra, b_extra)
+                groups.setdefault(gid, Group(())).pairs.append((m_trials[0], b_trials[0]))
+    return _name_groups(groups), ambiguous
+
+
+def _name_groups(groups: dict[tuple[Any, ...], Group]) -> list[Group]:
+    """Give each group the settings that vary across groups (``sparsity=0.5``), in a stable order."""
+    items = sorted(groups.items(), key=lambda kv: repr(kv[0]))
+    if len(items) <= 1:
+        return [g for _, g in items]
+    flat = [dict((*gid[0], *gid[1], *gid[2])) for gid, _ in items]
+    varying = sorted({n for d in flat for n in d if len({e.get(n) for e in flat}) > 1})
+    for (_, group), values in zip(items, flat):
+        group.setting = tuple((short(n), values.get(n, "–")) for n in varying)
+    return [g for _, g in items]
+
+
+def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """Every pair of every group (flattened), and the ambiguous count."""
+    groups, ambiguous = group_pairs(claim, trials)
+    return [p for g in groups for p in g.pairs], ambiguous
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
