@@ -6,7 +6,8 @@ into one network and one optimiser, trained in parallel on the same batches; a m
 validation score stops improving for ``patience`` evaluations is taken out of the pack (its best
 state and predictions kept) while the others go on; the ensemble is built greedily on the fly.
 What is ours: the packed layout (members padded to the widest width with a unit mask, shallower
-members pass through the extra layers unchanged), our own per-member AdamW, plain MLPs only (no
+members pass through the extra layers unchanged), each member's initial weights and dropout masks from its own
+seed (it trains as it would alone, whatever else is in the pack), our own per-member AdamW, plain MLPs only (no
 numerical embeddings), FLOPs counted analytically for the padded shapes that really run.
 """
 
@@ -48,25 +49,45 @@ def sample_configs(n: int, rng: np.random.Generator, *, widths: tuple[int, ...] 
     ]
 
 
-class PackedMLP(torch.nn.Module):
-    """K MLPs as batched tensors (members on dim 0): x (B, d_in) -> (K, B, d_out)."""
+def member_seeds(seed: int, k: int) -> list[int]:
+    """Each member's own seed for its initial weights and dropout masks (a pack's ``seed`` orders the shared batches)."""
+    return [int(np.random.SeedSequence([seed, i]).generate_state(1)[0]) for i in range(k)]
 
-    def __init__(self, configs: list[MemberConfig], d_in: int, d_out: int, *, device: torch.device, generator: torch.Generator) -> None:
+
+class PackedMLP(torch.nn.Module):
+    """K MLPs as batched tensors (members on dim 0): x (B, d_in) -> (K, B, d_out).
+
+    Member k is drawn from its own generator (``seeds[k]``) in its own shapes and fan-ins, then zero-padded to the pack's
+    widest width and deepest depth: it starts with exactly the weights it would have alone, whatever else is in the pack.
+    Its dropout masks come from the same generator, drawn only for its own units and layers.
+    """
+
+    def __init__(self, configs: list[MemberConfig], d_in: int, d_out: int, *, device: torch.device, seeds: list[int]) -> None:
         super().__init__()
+        if len(seeds) != len(configs):
+            raise ValueError(f"PackedMLP: {len(configs)} members but {len(seeds)} seeds")
         k, w, depth = len(configs), max(c.width for c in configs), max(c.depth for c in configs)
         self.d_in, self.d_out, self.width, self.layers = d_in, d_out, w, depth
+        self.widths, self.depths, self.dropouts = [c.width for c in configs], [c.depth for c in configs], [c.dropout for c in configs]
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        shapes = {"w_in": (k, d_in, w), "b_in": (k, 1, w), "w_hidden": (k, max(depth - 1, 0), w, w), "b_hidden": (k, max(depth - 1, 0), 1, w),
+                  "w_out": (k, w, d_out), "b_out": (k, 1, d_out)}
+        values = {name: torch.zeros(shape, device=device) for name, shape in shapes.items()}
+        for m, (c, gen) in enumerate(zip(configs, self.generators)):
+            def draw(shape: tuple[int, ...], fan_in: int, gen: torch.Generator = gen) -> torch.Tensor:
+                return (torch.rand(shape, device=device, generator=gen) * 2 - 1) / math.sqrt(fan_in)  # nn.Linear's bound
 
-        def init(shape: tuple[int, ...], fan_in: int) -> torch.nn.Parameter:
-            bound = 1.0 / math.sqrt(fan_in)
-            return torch.nn.Parameter((torch.rand(shape, device=device, generator=generator) * 2 - 1) * bound)
-
-        self.w_in, self.b_in = init((k, d_in, w), d_in), init((k, 1, w), d_in)
-        self.w_hidden, self.b_hidden = init((k, max(depth - 1, 0), w, w), w), init((k, max(depth - 1, 0), 1, w), w)
-        self.w_out, self.b_out = init((k, w, d_out), w), init((k, 1, d_out), w)
+            values["w_in"][m, :, : c.width], values["b_in"][m, :, : c.width] = draw((d_in, c.width), d_in), draw((1, c.width), d_in)
+            for layer in range(c.depth - 1):
+                values["w_hidden"][m, layer, : c.width, : c.width] = draw((c.width, c.width), c.width)
+                values["b_hidden"][m, layer, :, : c.width] = draw((1, c.width), c.width)
+            values["w_out"][m, : c.width], values["b_out"][m] = draw((c.width, d_out), c.width), draw((1, d_out), c.width)
+        for name, value in values.items():
+            setattr(self, name, torch.nn.Parameter(value))
         units = torch.arange(w, device=device)
-        self.register_buffer("mask", (units[None, :] < torch.tensor([c.width for c in configs], device=device)[:, None]).float()[:, None, :])
-        self.register_buffer("depth", torch.tensor([c.depth for c in configs], device=device))
-        self.register_buffer("dropout", torch.tensor([c.dropout for c in configs], device=device)[:, None, None])
+        self.register_buffer("mask", (units[None, :] < torch.tensor(self.widths, device=device)[:, None]).float()[:, None, :])
+        self.register_buffer("depth", torch.tensor(self.depths, device=device))
+        self.register_buffer("dropout", torch.tensor(self.dropouts, device=device)[:, None, None])
 
     @property
     def members(self) -> int:
@@ -77,17 +98,22 @@ class PackedMLP(torch.nn.Module):
         per_member = self.d_in * self.width + (self.layers - 1) * self.width * self.width + self.width * self.d_out
         return 2.0 * per_member * self.members
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        h = self._act(torch.einsum("bi,kiw->kbw", x, self.w_in) + self.b_in, generator)
+    def forward(self, x: torch.Tensor, dropout: bool = False) -> torch.Tensor:
+        """``dropout``: apply each member's dropout (in training mode), masks from each member's own generator."""
+        drop = dropout and self.training
+        h = self._act(torch.einsum("bi,kiw->kbw", x, self.w_in) + self.b_in, 0, drop)
         for layer in range(self.layers - 1):
-            nh = self._act(torch.bmm(h, self.w_hidden[:, layer]) + self.b_hidden[:, layer], generator)
+            nh = self._act(torch.bmm(h, self.w_hidden[:, layer]) + self.b_hidden[:, layer], layer + 1, drop)
             h = torch.where((self.depth > layer + 1)[:, None, None], nh, h)  # a shallower member passes through
         return torch.bmm(h, self.w_out) + self.b_out
 
-    def _act(self, z: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def _act(self, z: torch.Tensor, layer: int, drop: bool) -> torch.Tensor:
         h = torch.relu(z) * self.mask
-        if self.training and generator is not None:
-            keep = torch.rand(h.shape, device=h.device, generator=generator) >= self.dropout
+        if drop:
+            keep = torch.ones_like(h)
+            for m, (width, depth, p, gen) in enumerate(zip(self.widths, self.depths, self.dropouts, self.generators)):
+                if depth > layer and p > 0:  # only the member's own layers and units draw
+                    keep[m, :, :width] = (torch.rand((h.shape[1], width), device=h.device, generator=gen) >= p).float()
             h = h * keep / (1 - self.dropout)
         return h
 
@@ -97,6 +123,9 @@ class PackedMLP(torch.nn.Module):
             self._parameters[name] = torch.nn.Parameter(param.detach()[index].clone())
         for name, buf in list(self._buffers.items()):
             self._buffers[name] = buf[index].clone()
+        kept = index.tolist()
+        self.widths, self.depths, self.dropouts = [self.widths[i] for i in kept], [self.depths[i] for i in kept], [self.dropouts[i] for i in kept]
+        self.generators = [self.generators[i] for i in kept]
 
 
 class PackAdamW:
@@ -167,16 +196,19 @@ def train_pack(
     batch: int = 256,
     on_eval: Callable[[PackRun, int], None] | None = None,
     deadline: float | None = None,
+    seeds: list[int] | None = None,
 ) -> PackRun:
     """Train every member on the same batches; a member leaves after ``patience`` evaluations without a better val loss.
 
     ``deadline`` (a time.monotonic() value) ends the run after the evaluation that passes it (``run.capped``).
+    ``seed`` orders the batches; ``seeds`` (default :func:`member_seeds`) give each member its initial weights and dropout
+    masks, so a member trains exactly as it would alone (``train_pack([config], ..., seeds=[its seed])``), up to rounding.
     """
     gen = torch.Generator(device=device).manual_seed(seed)
     x = {k: torch.tensor(v, device=device) for k, v in data.x.items()}
     y = {k: torch.tensor(v, device=device) for k, v in data.y.items()}
     d_out = 1 if data.regression else data.n_classes
-    model = PackedMLP(configs, x["train"].shape[1], d_out, device=device, generator=gen)
+    model = PackedMLP(configs, x["train"].shape[1], d_out, device=device, seeds=member_seeds(seed, len(configs)) if seeds is None else seeds)
     opt = PackAdamW(model, [c.lr for c in configs], [c.weight_decay for c in configs])
     k = len(configs)
     run = PackRun(np.full(k, np.inf), [None] * k, [None] * k, np.zeros(k, dtype=np.int64), np.full(k, -1))
@@ -188,7 +220,7 @@ def train_pack(
         order = torch.randperm(n, device=device, generator=gen)
         for start in range(0, n, batch):
             idx = order[start : start + batch]
-            loss = member_loss(model(x["train"][idx], gen), y["train"][idx], data.regression).sum()  # members' grads stay apart
+            loss = member_loss(model(x["train"][idx], dropout=True), y["train"][idx], data.regression).sum()  # members' grads stay apart
             loss.backward()
             opt.step()
             run.updates[active] += 1
