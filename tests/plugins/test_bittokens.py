@@ -78,6 +78,10 @@ def test_digit3_refuses_a_small_vocabulary(tmp_path: Any) -> None:
         DigitTokens().transform(subject, {"group": 3}, TrialContext(seed=0, workdir=tmp_path))
 
 
+# last/first curve-point train loss (each the mean of 5 steps), measured on train seeds 0-3: bits 0.09-0.12, digit 0.55-0.62
+LEARNED_RATIO = {"bits": 0.25, "digit": 0.8}
+
+
 @pytest.mark.parametrize("encoding", ["bits", "digit"])
 def test_train_stage_learns_under_each_encoding(encoding: str, tmp_path: Any) -> None:
     from paretolab.training.loop import train
@@ -87,13 +91,17 @@ def test_train_stage_learns_under_each_encoding(encoding: str, tmp_path: Any) ->
     ctx = TrialContext(seed=0, workdir=tmp_path)
     method = BitTokens() if encoding == "bits" else DigitTokens()
     subject = method.transform(subject, {}, ctx)
-    opts = parse_train_options({"tokens": 24 * 8 * 65, "seq_len": 24, "batch": 8, "lr": 1e-2, "eval_every": 1000, "eval_tokens": 64}, where="t")
+    opts = parse_train_options({"tokens": 24 * 8 * 65, "seq_len": 24, "batch": 8, "lr": 1e-2, "eval_every": 5, "eval_tokens": 64}, where="t")
     train(subject, opts, ctx, val_corpus="numeric-val")
     losses = [row["train_loss"] for row in subject.training.curve]
-    assert math.isfinite(losses[-1])
-    scores = answer_accuracy(subject, numeric_problems(40, 1, heldout=True), encoding=encoding, reciprocal=False)
-    assert 0.0 <= scores["exact_acc"] <= 1.0 and scores["tokens_per_problem"] == pytest.approx(6.0 if encoding == "bits" else scores["tokens_per_problem"])
-    if encoding == "digit":
+    assert len(losses) == 13 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < LEARNED_RATIO[encoding] * losses[0], losses  # the numbers hook's loss fell: the model learned numeric-train
+    # 65 steps learn no exact answers (exact_acc is 0 trained or not), so only the tokens per problem are checked here
+    scores = answer_accuracy(subject, numeric_problems(16, 1, heldout=True), encoding=encoding, reciprocal=False)
+    assert 0.0 <= scores["exact_acc"] <= 1.0
+    if encoding == "bits":
+        assert scores["tokens_per_problem"] == 6.0  # <num> op <num> = <num> \n
+    else:
         assert scores["tokens_per_problem"] > 8
 
 
