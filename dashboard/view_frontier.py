@@ -99,7 +99,20 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None
     parts += _uncertainty_notes(data)
     if data.reference.empty:
         parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
+    parts += replicate_note(data.points, ctx.table.param_columns)
     st.caption(" · ".join(parts))
+
+
+def replicate_note(points: pd.DataFrame, param_columns: list[str]) -> list[str]:
+    """Say on the plot when its points are draws (seeds, splits) of fewer configurations, as in a routing study over splits."""
+    from paretolab.results.replicates import DEFAULT_REPLICATES
+
+    varying = [c for c in param_columns if c.split(".")[-1] in DEFAULT_REPLICATES and c in points and points[c].nunique() > 1]
+    if not varying:
+        return []
+    names = ", ".join(sorted({c.split(".")[-1] for c in varying}))
+    return [f"each point is one draw: trials repeat configurations over {names} ({points[varying[0]].nunique()} values); "
+            "the frontier here pools the draws, `paretolab report` draws one point per configuration (the mean over them)"]
 
 
 def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:

@@ -64,11 +64,14 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
     columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
     first = objectives[0][0]
-    dense = [r[first] for r in rows if r["method"] == "none"]
-    if dense and dense[0] and first != "size_bytes":  # sizes get their own ratios, against the stored and the fp16 base
+    replicates = report_replicates(pipeline)
+    baseline_of = baseline_finder(rows, replicates)
+    if any(r["method"] == "none" for r in rows) and first != "size_bytes":  # sizes get their own ratios, against the stored and the fp16 base
         ratio = f"{first} ÷ none"
-        for r in shown:
-            r[ratio] = r[first] / dense[0]
+        for r in shown:  # against the none trial of the row's own replicate
+            base = baseline_of(r)
+            if isinstance(base, dict) and isinstance(base.get(first), (int, float)) and base[first]:
+                r[ratio] = r[first] / base[first]
         columns.insert(columns.index(first) + 1 if first in columns else len(columns), ratio)
     named = _pipeline_params(pipeline)
     for r in shown:
@@ -79,7 +82,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
-    columns, legend = _with_uncertainty(shown, rows, columns, stores, report_replicates(pipeline))
+    columns, legend = _with_uncertainty(shown, rows, columns, stores, replicates)
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
 

@@ -106,3 +106,15 @@ def test_categorical_params_of_mixed_types_come_back_as_given(tmp_path):
     study.add_trials([create_trial(params={"c": v}, distributions=dist, value=1.0) for v in (None, 2, "x", 1.5)])
     table = data.load_trials(url, "s")
     assert table.frame["param:c"].tolist() == [None, 2, "x", 1.5]
+
+
+def test_the_frontier_plot_says_when_its_points_are_draws_of_fewer_configurations():
+    """A routing study over three splits: the plot pools the draws and says so; a study without replicates says nothing."""
+    import pandas as pd
+
+    from paretolab.dashboard.view_frontier import replicate_note
+
+    points = pd.DataFrame({"param:sdr.split": [0, 1, 2, 0, 1, 2], "param:sdr.cost_weight": [0.1] * 3 + [0.3] * 3})
+    note = replicate_note(points, ["param:sdr.split", "param:sdr.cost_weight"])
+    assert note and note[0].startswith("each point is one draw: trials repeat configurations over split (3 values)")
+    assert replicate_note(points.assign(**{"param:sdr.split": 0}), ["param:sdr.split", "param:sdr.cost_weight"]) == []
