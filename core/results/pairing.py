@@ -114,8 +114,15 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
         return rep, named
 
     parts = {side: [(t, s) for t in ts if (s := split(t)) is not None] for side, ts in sides.items()}
-    names = {side: {n for _, (_, named) in ps for n in named} for side, ps in parts.items()}
-    common = sorted(names["method"] & names["baseline"])
+    values = {side: {} for side in parts}  # setting name -> the values it takes on that side
+    for side, ps in parts.items():
+        for _, (_, named) in ps:
+            for n, v in named.items():
+                values[side].setdefault(n, set()).add(v)
+    # a setting both sides have; a method's own short name only when the two sides share a value of it (both
+    # memory=0.5), else it is two methods' unrelated knobs that happen to share a name (sdr.threshold, route.threshold)
+    common = sorted(n for n in values["method"].keys() & values["baseline"].keys()
+                    if "." in n or values["method"][n] & values["baseline"][n])
 
     def keyed(side: str) -> dict[tuple[Any, ...], dict[tuple[tuple[str, str], ...], list[dict[str, Any]]]]:
         out: dict[tuple[Any, ...], dict[tuple[tuple[str, str], ...], list[dict[str, Any]]]] = {}

@@ -148,3 +148,15 @@ def test_claim_and_claims_together_are_refused_and_pair_by_stays_a_spelling_of_r
         parse_spec({**PIPELINE, "claims": [PIPELINE["claim"]]})
     assert parse_spec(PIPELINE).claim.replicates == ("bits",)
     assert parse_spec(edited(PIPELINE, "claim.pair_by", "none")).claim.replicates == ()
+
+
+def test_two_methods_knobs_that_share_a_name_but_no_value_do_not_block_the_pairing():
+    """sdr.threshold and route_confidence.threshold are unrelated knobs: pairs form on the split; a shared memory=0.5 still matches."""
+    from paretolab.results.pairing import group_pairs
+
+    trials = []
+    for split in (0, 1, 2):
+        trials += [_trial(len(trials), "sdr", "auc", 0.7, **{"s.sdr.threshold": 0.5, "s.sdr.split": split}),
+                   _trial(len(trials) + 1, "route_confidence", "auc", 0.6, **{"s.route_confidence.threshold": 0.6, "s.route_confidence.split": split})]
+    groups, ambiguous = group_pairs(Claim("t", "auc", "sdr", "route_confidence", "higher", ("split",)), trials)
+    assert len(groups) == 1 and len(groups[0].pairs) == 3 and ambiguous == 0
