@@ -109,7 +109,7 @@ def _difference(claim: Claim, est: Estimate, group: Group) -> str:
     span = f" [{show(est.low)}, {show(est.high)}]" if est.low is not None and est.high is not None and not est.zero_width else ""
     rests = f" (95 % interval: {est.rests_on()}{'; clipped to the metric’s range' if est.clipped else ''})" if span else ""
     if est.zero_width:
-        rests = f" (the same on all {est.replicates} replicate(s), no per-example scores stored)"
+        rests = f" (the same on all {est.replicates} replicate(s)" + (f" and on every resample of their {est.units})" if est.units else ", no per-example scores stored)")
     trials = ", ".join(f"{m['trial']}–{b['trial']}" for m, b in group.pairs)
     return f"{name} = {show(est.mean)}{span}{rests}, mean over n = {est.replicates} pair(s) (trials {trials})"
 

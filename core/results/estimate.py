@@ -163,7 +163,8 @@ def verdict(est: Estimate, expect: str, better: str, margin: float | None) -> st
     if est.low is None or est.high is None:
         return "no verdict: one replicate and no per-example scores stored (an interval needs two replicates or the examples)"
     if est.zero_width:
-        return f"no verdict: no variation observed across {est.replicates} replicate(s)"
+        across = f" and every resample of its {est.units}" if est.units else ""
+        return f"no verdict: no variation observed across {est.replicates} replicate(s){across}"
     if expect in ("lower", "higher"):
         low, high = worse_side(expect, est.low, est.high)  # positive: moved against the expected direction
         return "held" if high < 0 else "did not hold" if low > 0 else "within noise"

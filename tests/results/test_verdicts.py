@@ -160,3 +160,13 @@ def test_two_methods_knobs_that_share_a_name_but_no_value_do_not_block_the_pairi
                    _trial(len(trials) + 1, "route_confidence", "auc", 0.6, **{"s.route_confidence.threshold": 0.6, "s.route_confidence.split": split})]
     groups, ambiguous = group_pairs(Claim("t", "auc", "sdr", "route_confidence", "higher", ("split",)), trials)
     assert len(groups) == 1 and len(groups[0].pairs) == 3 and ambiguous == 0
+
+
+def test_examples_that_all_agree_are_no_variation_too_and_say_so():
+    """PMATIC decodes every one of 3 texts, plain arithmetic coding none: zero width even over the examples."""
+    payloads = {"r0": {"unit": "text", "n": 3, "scores": {"decode_ok": [1.0, 1.0, 1.0]}},
+                "r1": {"unit": "text", "n": 3, "scores": {"decode_ok": [0.0, 0.0, 0.0]}}}
+    trials = [_trial(0, "pmatic", "decode_ok", 1.0), _trial(1, "arith_coding", "decode_ok", 0.0)]
+    verdict = _verdicts(_lines([Claim("t", "decode_ok", "pmatic", "arith_coding", "higher", ())], trials, payloads.get))[0]
+    assert verdict.startswith("**Verdict: no verdict: no variation observed across 1 replicate(s) and every resample of its 3 texts** — "
+                              "decode_ok pmatic − arith_coding = +1 (the same on all 1 replicate(s) and on every resample of their 3 texts)"), verdict
