@@ -156,9 +156,13 @@ def gap_line(claim: Claim, group: Group, trials: list[dict[str, Any]]) -> str:
     name = f"Share of the `{claim.baseline}` → `{claim.reference}` gap in {claim.metric} closed by `{claim.method}`"
     if not triples:
         return f"{name}: no matched (method, baseline, reference) triple with a nonzero gap."
-    rows = [({"trial": m["trial"], "share": (float(b[claim.metric]) - float(m[claim.metric])) / (float(b[claim.metric]) - float(r[claim.metric]))},
-             {"trial": b["trial"], "share": 0.0}) for m, b, r in triples]
-    est = estimate(rows, "share")
+    reference = {id(b): r for _, b, r in triples}
+
+    def share(m: dict[str, Any], b: dict[str, Any]) -> float:
+        base, ref = float(b[claim.metric]), float(reference[id(b)][claim.metric])
+        return (base - float(m[claim.metric])) / (base - ref)
+
+    est = estimate([(m, b) for m, b, _ in triples], claim.metric, value=share)
     assert est is not None
     if est.low is None or est.high is None:
         ci = " (one triple: no interval)"

@@ -42,8 +42,6 @@ class Estimate:
     replicates: int
     units: str = ""  # "16 windows" when the example noise is in, else ""
     clipped: bool = False
-    p_held: float | None = None  # one-sided p of the claimed direction (for Holm); None without an interval
-    diffs: tuple[float, ...] = ()
 
     @property
     def zero_width(self) -> bool:
@@ -78,7 +76,7 @@ def estimate(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str, *,
     t_half = _t_half(diffs)
     units = _unit_draws([(m, b) for m, b, _ in rows], metric, f, fetch) if value is None and fetch is not None else None
     if units is None and t_half is None:
-        return Estimate(mean, None, None, n, diffs=tuple(diffs))
+        return Estimate(mean, None, None, n)
     low_half = high_half = t_half or 0.0
     label = ""
     if units is not None:
@@ -93,7 +91,7 @@ def estimate(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str, *,
         span = bounds[1] - bounds[0]
         clipped = low < -span or high > span
         low, high = max(low, -span), min(high, span)
-    return Estimate(mean, low, high, n, label, clipped, diffs=tuple(diffs))
+    return Estimate(mean, low, high, n, label, clipped)
 
 
 def _diff(f: Callable[[Any], float], a: Any, b: Any) -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from paretolab.results.replicates import per_configuration
+
 
 def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str], *, keep_ties: bool = False) -> list[int]:
     """Indices of the non-dominated points (exact ties kept once, or all of them with ``keep_ties``), in input order.
@@ -46,18 +48,15 @@ def frontier_lines(pairs: Sequence[Sequence[str]], rows: list[dict[str, Any]], d
     When trials repeat a configuration over replicates (seeds, splits), each configuration is one point:
     the mean over its replicates, said on the line with the spread; draws are never points of their own.
     """
-    from paretolab.results.replicates import per_configuration
-
     if not pairs:
         return []
     lines = ["**Frontiers** (listed: the points no other point beats on both metrics, by method; `=` marks an exact tie):", ""]
     sets = []
     for pair in pairs:
         trials = [r for r in rows if all(isinstance(r.get(m), (int, float)) for m in pair)]
-        points = per_configuration(trials, tuple(pair), replicates) if replicates else trials
-        averaged = len(points) < len(trials)
-        if not averaged:
-            points = trials
+        configurations = per_configuration(trials, tuple(pair), replicates) if replicates else trials
+        averaged = len(configurations) < len(trials)  # some configuration repeats over replicates
+        points = configurations if averaged else trials
         front = [points[i] for i in pareto_indices([[float(r[m]) for m in pair] for r in points], [directions[m] for m in pair], keep_ties=True)]
         by_method: dict[str, list[str]] = {}
         for r in front:

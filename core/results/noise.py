@@ -85,7 +85,7 @@ def quality_cells(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, A
             if isinstance(baseline, str) and metric in row:
                 row[column] = baseline
                 added += [column] if column not in added else []
-            elif baseline is not None and not isinstance(baseline, str) and baseline is not row and metric in row:
+            elif isinstance(baseline, dict) and baseline is not row and metric in row:
                 d = difference(row, baseline, metric, fetch)
                 if d is not None:
                     row[column] = describe(d)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from paretolab.results.replicates import is_replicate
 from paretolab.study.report_spec import Claim, split_label
 
 NONE = "none"
@@ -78,10 +79,6 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
     same_methods = m_base == b_base  # layerdrop[score=greedy_bi] vs layerdrop[score=random]: their other params must match
     selected = {*m_wanted, *b_wanted}
 
-    def is_replicate_name(name: str) -> bool:
-        parts = name.split(".")
-        return any(parts[-1] == r or ".".join(parts[-2:]) == r for r in claim.replicates)
-
     sides: dict[str, list[dict[str, Any]]] = {"method": [], "baseline": []}
     for trial in trials:
         if not isinstance(trial.get(claim.metric), (int, float)):
@@ -92,9 +89,9 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
             sides["baseline"].append(trial)
     full = {side: {k for t in ts for k in t["params"]} for side, ts in sides.items()}
     # the replicate parameters both sides have; when none is shared (puzzle_moe.calib_seed vs expert_drop.calib_seed), each side's own
-    reps = {k for k in full["method"] & full["baseline"] if is_replicate_name(k)}
+    reps = {k for k in full["method"] & full["baseline"] if is_replicate(k, claim.replicates)}
     if not reps:
-        reps = {k for k in full["method"] | full["baseline"] if is_replicate_name(k)}
+        reps = {k for k in full["method"] | full["baseline"] if is_replicate(k, claim.replicates)}
 
     def setting_name(k: str) -> str | None:
         if k in reps or (short(k) in selected and method_of(k) in own):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -82,7 +83,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
-    columns, legend = _with_uncertainty(shown, rows, columns, stores, replicates)
+    columns, legend = _with_uncertainty(shown, columns, stores, replicates, baseline_of)
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
 
@@ -233,13 +234,13 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _with_uncertainty(shown: list[dict[str, Any]], rows: list[dict[str, Any]], columns: list[str], stores: Stores,
-                      replicates: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def _with_uncertainty(shown: list[dict[str, Any]], columns: list[str], stores: Stores, replicates: tuple[str, ...],
+                      baseline_of: Callable[[dict[str, Any]], Any]) -> tuple[list[str], list[str]]:
     """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
     quality = [c for c in columns if c in QUALITY]
     if not quality:
         return columns, []
-    added = quality_cells(shown, baseline_finder(rows, replicates), quality, artifact_reader(stores.tracking_uri))
+    added = quality_cells(shown, baseline_of, quality, artifact_reader(stores.tracking_uri))
     out = list(columns)
     for column in added:  # each difference right after its metric
         metric = column[1:].split(" ", 1)[0]
