@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings results-export clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 
 	$(BIN)/paretolab models pull smollm2-135m
 	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(CLAIMS) --trials all --output pipelines/README.md
+
+# Export (issue 31): one SmolLM2 trial per weights method, each exported; sizes on disk vs the dense fp16 model (~15 min).
+results-export: $(STAMP)  ## export one trial per weights method; print sizes on disk vs dense fp16 into export_sizes.json
+	$(BIN)/paretolab models pull smollm2-135m
+	$(BIN)/python benchmarks/export_sizes.py --out export_sizes.json
 
 # The decoding claim checks (issue 5): the EAGLE draft is trained once (skipped when one exists),
 # then Parallel-Probe, speculative decoding and token sparse attention run as studies, and

@@ -64,6 +64,15 @@ class MackoLinear(torch.nn.Module):
         """Stored bytes of the weight in MACKO format (the bias is not included)."""
         return self.fmt.nbytes
 
+    def dense_module(self) -> torch.nn.Linear:
+        """The fp32 ``nn.Linear`` this layer computes (``paretolab export`` writes it where a model must load in transformers)."""
+        layer = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=self.values.device)
+        with torch.no_grad():
+            layer.weight.copy_(macko_decode(self.fmt).float())
+            if self.bias is not None:
+                layer.bias.copy_(self.bias)
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in_features)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if x.is_cuda and x.numel() == self.in_features and _triton_kernel() is not None:

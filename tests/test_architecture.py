@@ -99,11 +99,13 @@ def test_modules_named_by_string_exist() -> None:
     """Registration tables name modules by string (imported on first use); a renamed module must not leave one behind."""
     import importlib.util
 
+    import paretolab
     from paretolab.data.corpora import SYNTHETIC_CORPORA
     from paretolab.plugin_api.manager import BUILTIN_PLUGINS
 
-    missing = [name for name in (*BUILTIN_PLUGINS, *SYNTHETIC_CORPORA.values()) if importlib.util.find_spec(name) is None]
+    missing = [name for name in (*BUILTIN_PLUGINS, *SYNTHETIC_CORPORA.values(), *paretolab.LAZY.values()) if importlib.util.find_spec(name) is None]
     assert not missing, f"tables name modules that do not exist: {missing}"
+    assert all(callable(getattr(paretolab, name)) for name in paretolab.LAZY), "paretolab.LAZY names an attribute its module lacks"
 
 
 # ---- the checker itself, on planted trees ------------------------------------------------------

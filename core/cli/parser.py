@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from paretolab.cli.catalog import cmd_models_list, cmd_models_pull, cmd_plugins
+from paretolab.cli.export import cmd_export
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report, cmd_studies
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
 
@@ -16,6 +17,7 @@ EPILOG = """examples:
   paretolab run pipelines/demo.yaml --trials 20   run (or extend) with 20 trials in all
   paretolab run pipelines/demo.yaml --resume      continue an interrupted study
   paretolab frontier demo                         the Pareto set of study 'demo'
+  paretolab export demo 7 --out demo-7            trial 7's model, loadable by transformers
   paretolab plugins                               every method, task, measure and model
   paretolab models pull smollm2-135m              convert the default model once
   paretolab draft train --budget-min 15           train the EAGLE draft for speculative decoding
@@ -132,6 +134,26 @@ def build_parser() -> argparse.ArgumentParser:
     frontier.add_argument("--json", action="store_true", help="machine-readable output")
     _store_flags(frontier)
     frontier.set_defaults(func=cmd_frontier)
+
+    export = sub.add_parser("export", help="write a trial's model as a directory transformers loads", description=(
+        "Re-apply the trial's stages to its base model (same params, seed and calibration data), check the quality "
+        "metric against the recorded one (exit code 1 when it falls outside the recorded interval) and write DIR: "
+        "model.safetensors + config.json + tokenizer (AutoModelForCausalLM.from_pretrained(DIR)), paretolab.json "
+        "(pipeline, params, metrics, provenance, sizes) and, for pruned or quantized weights, compact/ (MACKO, or "
+        "packed integers with fp16 scales; load with paretolab.api.compact.load_compact). A failed trial, a missing "
+        "base model, an existing DIR (without --force) or a method whose model transformers cannot rebuild is "
+        "refused with one line."
+    ), formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+        "examples:\n  paretolab frontier demo                    pick a trial number\n"
+        "  paretolab export demo 7 --out demo-7\n"
+        "  paretolab export fp32_base 0 --out base --save-as my-base   and use `model: my-base` in a pipeline"))
+    export.add_argument("study", help="study name (the pipeline's `name`)")
+    export.add_argument("trial", type=int, help="trial number (the `trial` column of `paretolab frontier`)")
+    export.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist unless --force)")
+    export.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    export.add_argument("--save-as", metavar="NAME", help="also keep the model as a model source NAME (`paretolab models list`; `model: NAME` in a pipeline)")
+    _store_flags(export)
+    export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="method-vs-baseline tables of studies, as Markdown", description=(
         "For each study, group complete trials by method (the stages that ran, e.g. 'wanda+rtn') and print "

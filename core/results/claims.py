@@ -40,7 +40,7 @@ from paretolab.study.report_spec import Claim
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
 Bounds = Callable[[str], "tuple[float, float] | None"]
 
-__all__ = ["claim_lines", "claims_lines", "pair_trials", "trial_label"]
+__all__ = ["claim_lines", "claims_lines", "pair_trials", "trial_label", "verdict_rows"]
 
 
 def claims_lines(claims: list[Claim], trials: list[dict[str, Any]], curve: Callable[[str], Any],
@@ -81,12 +81,7 @@ def _one_claim(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str]
                      "no pair of trials with the same replicate and settings reported it.")
     if len(groups) > 1:
         lines += [f"The arms span {len(groups)} settings ({', '.join(n for n, _ in groups[0].setting)}): one verdict per setting.", ""]
-    rng = bounds(claim.metric) if bounds else None
-    for group in groups:
-        est = estimate(group.pairs, claim.metric, log=claim.scale == "log", fetch=fetch, bounds=rng)
-        if est is None:
-            continue
-        said = verdict(est, claim.expect, claim.better, claim.margin)
+    for group, est, said in _judged(claim, groups, fetch, bounds):
         at = f" at {group.label()}" if group.setting else ""
         lines.append(f"**Verdict{at}: {said}** — {_difference(claim, est, group)}.")
         tests.append((f"`{claim.metric}` {claim.method}{at}", p_value(est, claim.expect, claim.better, claim.margin), said))
@@ -96,6 +91,37 @@ def _one_claim(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str]
     if ambiguous:
         lines.append(f"{ambiguous} replicate/setting key(s) left out: more than one trial on a side with the same parameters.")
     return [*lines, ""]
+
+
+def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | None, bounds: Bounds | None) -> Any:
+    """(group, estimate, verdict) for each group with an estimate: the one place a verdict is reached."""
+    rng = bounds(claim.metric) if bounds else None
+    for group in groups:
+        est = estimate(group.pairs, claim.metric, log=claim.scale == "log", fetch=fetch, bounds=rng)
+        if est is not None:
+            yield group, est, verdict(est, claim.expect, claim.better, claim.margin)
+
+
+def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Callable[[str], Any] | None = None,
+                 bounds: Bounds | None = None) -> list[dict[str, Any]]:
+    """The verdicts as data (``paretolab.load_study(...).verdicts``): one row per claim and setting, as the report says them.
+
+    ``difference``/``low``/``high`` are method − baseline, or the ratio method ÷ baseline for a ``scale: log`` claim.
+    Value claims (``target``) are left out: their verdict is per trial, in the report.
+    """
+    rows = []
+    for claim in claims:
+        if claim.target is not None:
+            continue
+        groups, _ = group_pairs(claim, trials)
+        back = math.exp if claim.scale == "log" else (lambda v: v)
+        for group, est, said in _judged(claim, groups, fetch, bounds):
+            rows.append({"claim": claim.text, "metric": claim.metric, "method": claim.method, "baseline": claim.baseline,
+                         "setting": group.label() if group.setting else "", "expect": claim.expect, "margin": claim.margin,
+                         "scale": claim.scale, "verdict": said, "difference": back(est.mean),
+                         "low": None if est.low is None else back(est.low), "high": None if est.high is None else back(est.high),
+                         "pairs": est.replicates, "trials": [(m["trial"], b["trial"]) for m, b in group.pairs]})
+    return rows
 
 
 def _margin(claim: Claim) -> str:

@@ -114,9 +114,19 @@ def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores)
     claims = claims_from(pipeline, {m.name: m.direction for m in metrics})
     if not claims:
         return []
-    trials = [{**r, "label": _choice_label(pipeline, r), "params": named_params(r)} for r in rows]
-    return claims_lines(claims, trials, mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri),
-                        lambda m: metrics.get(m).bounds if m in metrics else None)
+    return claims_lines(claims, claim_trials(pipeline, rows), mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri),
+                        metric_bounds)
+
+
+def claim_trials(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trial rows as claims read them: each with its arm's label and its parameters by name."""
+    return [{**r, "label": _choice_label(pipeline, r), "params": named_params(r)} for r in rows]
+
+
+def metric_bounds(metric: str) -> tuple[float, float] | None:
+    """The range a registered metric's values cannot leave (fractions: 0..1), for clipping intervals."""
+    metrics = registries().metrics
+    return metrics.get(metric).bounds if metric in metrics else None
 
 
 def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

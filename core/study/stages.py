@@ -91,6 +91,25 @@ def _parse_option(raw: Any, where: str, regs: Any) -> StageOption:
     return StageOption(method=method.name, params=params)
 
 
+def fixed_params(method: Any, params: dict[str, Any], where: str) -> dict[str, Any]:
+    """One setting of ``method`` (``paretolab.apply``): names and values checked as a pipeline's are, defaults filled in."""
+    known = set(method.search_space()) | set(method.defaults())
+    for key, value in params.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: method {method.name!r} has no parameter {key!r}{hint} (known: {', '.join(sorted(known)) or 'none'})")
+        problem = _value_problem(value, method.search_space().get(key), method.defaults().get(key))
+        if problem:
+            raise ConfigError(f"{where}.{key}: {value!r} {problem}")
+    merged = {**method.defaults(), **params}
+    missing = sorted(set(method.search_space()) - set(merged))
+    if missing:
+        raise ConfigError(f"{where}: method {method.name!r} has no default for {', '.join(missing)}; give "
+                          + ", ".join(f"{k}=<value>" for k in missing))
+    return merged
+
+
 def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSpec:
     """Refuse values of the wrong type or outside the method's search space; a float parameter's range stays a float range."""
     from optuna.distributions import (

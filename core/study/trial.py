@@ -6,6 +6,7 @@ import math
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,12 @@ MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
-              roles: dict[str, Subject] | None = None) -> TrialResult:
+              roles: dict[str, Subject] | None = None, keep: Callable[[Subject], None] | None = None) -> TrialResult:
     """Run one trial to a result; every exception becomes a failed result with its traceback.
 
     ``roles``: the pipeline's ``models:`` by role, loaded once by the worker and shared read-only (``ctx.models``).
+    ``keep``: called with the transformed subject once it was evaluated and measured (``paretolab export``
+    re-runs a trial this way to keep the very model the trial measured).
     """
     from paretolab.plugin_api.costs import CostLedger
     from paretolab.plugin_api.manager import registries
@@ -65,21 +68,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 shared_tokenizer = tokenizer_state(base.tokenizer)
                 result.stage_s["copy"] = time.perf_counter() - t0
                 meter.end("copy")
-                methods = []
-                for stage in plan:
-                    method = regs.methods.get(stage.method)
-                    methods.append(method)
-                    ctx.stage = stage.stage
-                    t0 = time.perf_counter()
-                    meter.begin(f"transform:{stage.stage}")
-                    subject = method.transform(subject, dict(stage.params), ctx)
-                    if not isinstance(subject, Subject):
-                        raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
-                    _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
-                    result.stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
-                    meter.end(f"transform:{stage.stage}")
-                    if method.cost_is == "simulated" and method.name not in subject.simulated_by:
-                        subject.simulated_by.append(method.name)
+                subject, methods = apply_plan(subject, plan, ctx, result.stage_s, meter, base=base, shared_tokenizer=shared_tokenizer)
                 subject.model.eval()
 
                 t0 = time.perf_counter()
@@ -106,6 +95,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
                 meter.end("measure")
+                if keep is not None:
+                    keep(subject)
             metrics.update(ctx.costs.metrics())
             result.metrics = {k: float(v) for k, v in metrics.items()}
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
@@ -140,6 +131,39 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     if torch.cuda.is_available():
         result.metrics["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
+
+
+def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage_s: dict[str, float], meter: Any = None, *,
+               base: Subject | None = None, shared_tokenizer: tuple[str, ...] | None = None) -> tuple[Subject, list[Any]]:
+    """Apply each stage's ``transform`` in order; returns the subject and the methods that ran.
+
+    The one path every transformed model takes: a study's trial, ``paretolab.apply`` and
+    ``paretolab export`` (so an exported model is the model the trial measured). ``stage_s`` gets
+    each stage's seconds as ``transform:<stage>``; ``meter`` (an EnergyMeter) its joules. With
+    ``base``, a method that changed the tokenizer shared with ``base`` in place fails the stage.
+    """
+    from paretolab.plugin_api.manager import registries
+
+    regs = registries()
+    methods = []
+    for stage in plan:
+        method = regs.methods.get(stage.method)
+        methods.append(method)
+        ctx.stage = stage.stage
+        t0 = time.perf_counter()
+        if meter is not None:
+            meter.begin(f"transform:{stage.stage}")
+        subject = method.transform(subject, dict(stage.params), ctx)
+        if not isinstance(subject, Subject):
+            raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
+        if base is not None and shared_tokenizer is not None:
+            _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
+        stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
+        if meter is not None:
+            meter.end(f"transform:{stage.stage}")
+        if method.cost_is == "simulated" and method.name not in subject.simulated_by:
+            subject.simulated_by.append(method.name)
+    return subject, methods
 
 
 def _guard_tokenizer(base: Subject, before: tuple[str, ...], culprit: str) -> None:

@@ -10,6 +10,7 @@ A compressed experts module here keeps that forward signature, so the block's fo
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,24 @@ class ExpertsBase(nn.Module):
     def stored_bytes(self) -> int:
         """Bytes this module stores for its experts, in their real formats."""
         raise NotImplementedError
+
+    def dense_module(self) -> nn.Module:
+        """The model's own experts module holding every expert's effective weights (``paretolab export``: a model
+        transformers loads, as large as the original; merged experts appear once per index that routes to them)."""
+        template = self.__dict__.get("_dense_template")
+        if template is None:
+            raise TypeError(f"{type(self).__name__} was not installed by replace_experts: no experts module to rebuild")
+        device = next(iter([*self.parameters(), *self.buffers()])).device
+        dense = copy.deepcopy(template).to_empty(device=device)
+        with torch.no_grad():
+            for e in range(self.num_experts):
+                try:
+                    gate, up, down = self.weights(e)
+                except RuntimeError:  # a dropped expert: the plain module would route to it, the method's router does not
+                    raise TypeError(f"expert {e} was dropped; a plain {type(template).__name__} has no router that skips it") from None
+                dense.gate_up_proj[e].copy_(torch.cat([gate, up], dim=0))
+                dense.down_proj[e].copy_(down)
+        return dense
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden_states)
@@ -147,6 +166,8 @@ def replace_experts(block: nn.Module, experts: nn.Module) -> None:
     old = block.experts
     if getattr(experts, "num_experts", None) != old.num_experts:
         raise ValueError(f"replacement experts module has {getattr(experts, 'num_experts', None)} experts; the block routes to {old.num_experts}")
+    # the original module's structure, weightless (not a registered child): what dense_module() fills in
+    experts.__dict__["_dense_template"] = old.__dict__.get("_dense_template") or copy.deepcopy(old).to("meta")
     block.experts = experts
 
 

@@ -1,0 +1,271 @@
+"""``paretolab export STUDY TRIAL --out DIR``: the model a trial measured, as a directory ``transformers`` loads.
+
+The trial is run again (``study.trial.run_trial``, the worker's code) on its base model with its
+parameters, seed and task, so the exported model is the one the trial measured; its quality metric
+is compared with the recorded one (within the recorded interval, or by how much it differs). The
+directory holds ``model.safetensors`` + ``config.json`` (``AutoModelForCausalLM.from_pretrained``),
+the tokenizer, ``paretolab.json`` (pipeline, stages, params, metrics, provenance, sizes) and, where
+a method has a compact format, ``compact/`` (see :mod:`paretolab.api.compact`). It is written under
+``DIR.partial`` and renamed into place: a failed export leaves nothing half-written at ``DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.api import compact
+from paretolab.errors import ConfigError
+from paretolab.plugin_api.subject import Subject
+from paretolab.stores.locations import Stores
+
+RECORD = "paretolab.json"
+LOGIT_TOLERANCE = 1e-4  # relative: the reloaded directory must compute what the trial's model computed
+
+
+class ExportError(ConfigError):
+    """An export refused: a failed trial, a missing base, an existing output, a method with no export path."""
+
+
+@dataclass
+class Exported:
+    """What ``export`` wrote and what it checked."""
+
+    out: Path
+    study: str
+    trial: int
+    metric: str = ""
+    recorded: float | None = None
+    reproduced: float | None = None
+    interval: tuple[float, float] | None = None
+    within: bool | None = None
+    sizes: dict[str, float] = field(default_factory=dict)  # bytes: dense on disk, compact on disk, dense fp16, the trial's size_bytes
+    compact: dict[str, str] = field(default_factory=dict)  # tensor -> format written in compact/
+    simulated_by: list[str] = field(default_factory=list)
+    logit_gap: dict[str, float] = field(default_factory=dict)  # "dense" / "compact": reloaded vs the trial's model, relative
+    saved_as: str = ""
+
+    def lines(self) -> list[str]:
+        """What the CLI prints."""
+        out = [f"exported trial {self.trial} of {self.study!r} to {self.out}"]
+        if self.recorded is not None and self.reproduced is not None:
+            span = f" (recorded 95 % interval [{self.interval[0]:.6g}, {self.interval[1]:.6g}])" if self.interval else ""
+            verdict = "reproduced" if self.within else f"DIFFERS by {self.reproduced - self.recorded:+.4g}"
+            out.append(f"  {self.metric}: re-applied {self.reproduced:.6g} vs recorded {self.recorded:.6g}{span}: {verdict}")
+        mib = {k: f"{v / 2**20:.2f} MiB" for k, v in self.sizes.items()}
+        out.append("  sizes: " + ", ".join(f"{k} {v}" for k, v in mib.items()))
+        if self.compact:
+            kinds = sorted(set(self.compact.values()))
+            out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {self.logit_gap.get('compact', 0):.2g} "
+                       "(relative) of the trial's model (load: paretolab.api.compact.load_compact)")
+        if self.simulated_by:
+            out.append(f"  simulated saving ({', '.join(self.simulated_by)}): the dense weights hold the method's values in full "
+                       "precision; the trial's size_bytes counts the format" + (" compact/ writes" if self.compact else " no file here has"))
+        if self.saved_as:
+            out.append(f"  saved as model {self.saved_as!r}: use it as `model: {self.saved_as}` in a pipeline")
+        return out
+
+
+def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = None, force: bool = False,
+           save_as: str | None = None, progress: Any = print) -> Exported:
+    """Re-apply trial ``trial`` of ``study`` and write its model to ``out`` (see the module's docstring).
+
+    ``save_as``: also keep it as a model source of that name (``paretolab models list``), usable as a base.
+    """
+    from paretolab.models import check_model, load_subject
+    from paretolab.study.spec import parse_spec
+
+    from paretolab.stores.locations import resolve_stores
+
+    stores = stores or resolve_stores(create=False)
+    out = Path(out).expanduser()
+    if out.exists() and not force:
+        raise ExportError(f"--out {out}: exists; pick a new directory or pass --force to replace it")
+    frozen, record = _complete_trial(study, trial, stores)
+    model = str(record["pipeline"].get("model", "")) if isinstance(record["pipeline"], dict) else ""
+    try:
+        check_model(model)
+    except Exception as exc:
+        raise ExportError(f"study {study!r}: its base model {model!r} is missing here ({exc}); pull or train it again "
+                          f"(paretolab models pull {model}, or the pipeline that saved it)") from None
+    spec = parse_spec(record["pipeline"], source=f"study {study!r}'s stored pipeline")
+    progress(f"re-applying trial {trial} of {study!r} on {spec.model} ...")
+    base = load_subject(spec.model)
+    subject, result, plan = _rerun(spec, frozen, base)
+    exported = Exported(out=out, study=study, trial=trial, simulated_by=list(subject.simulated_by))
+    _compare(exported, record["metrics"], result.metrics, spec.task)
+    progress(f"writing {out} ...")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with _quiet_transformers():
+            _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if save_as:
+        from paretolab.training.checkpoints import save_trained
+
+        with _quiet_transformers():
+            save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
+        exported.saved_as = save_as
+    return exported
+
+
+@contextmanager
+def _quiet_transformers() -> Any:
+    """No per-shard progress bars or load reports while we save and reload our own directory."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _complete_trial(study: str, number: int, stores: Stores) -> tuple[Any, dict[str, Any]]:
+    """The Optuna trial and its record (pipeline, params, MLflow metrics); refuses a trial that is not complete."""
+    import optuna
+
+    from paretolab.results.read import failure_reasons, load_study
+
+    loaded = load_study(study, stores)
+    trials = {t.number: t for t in loaded.get_trials(deepcopy=False)}
+    if number not in trials:
+        raise ExportError(f"study {study!r} has no trial {number} (trials 0..{max(trials, default=-1)}); `paretolab frontier {study}` lists the good ones")
+    frozen = trials[number]
+    if frozen.state != optuna.trial.TrialState.COMPLETE:
+        why = failure_reasons([frozen])
+        reason = f": {why[0][0]}" if why else ""
+        raise ExportError(f"trial {number} of {study!r} is {frozen.state.name.lower()}{reason}; export a complete trial (`paretolab frontier {study}`)")
+    pipeline = loaded.user_attrs.get("pipeline")
+    if not pipeline:
+        raise ExportError(f"study {study!r} has no stored pipeline (written by an older paretolab); run it again to export its trials")
+    metrics = dict(zip([m for m, _ in loaded.user_attrs.get("objectives", [])], frozen.values or []))
+    metrics.update(_mlflow_metrics(stores, str(frozen.user_attrs.get("mlflow_run_id", ""))))
+    return frozen, {"pipeline": pipeline, "params": dict(frozen.params), "metrics": metrics,
+                    "model": loaded.user_attrs.get("model", ""), "code_version": loaded.user_attrs.get("code_version", "")}
+
+
+def _mlflow_metrics(stores: Stores, run_id: str) -> dict[str, float]:
+    if not run_id:
+        return {}
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return dict(MlflowClient(tracking_uri=stores.tracking_uri).get_run(run_id).data.metrics)
+    except Exception:  # the MLflow store moved or lost the run: the Optuna values are all we have
+        return {}
+
+
+def _rerun(spec: Any, frozen: Any, base: Subject) -> tuple[Subject, Any, list[Any]]:
+    """Run the trial as its worker did (same plan, seed, task) and keep the transformed subject."""
+    import optuna
+
+    from paretolab.records import TrialSettings
+    from paretolab.study.search import plan_trial
+    from paretolab.study.trial import run_trial
+    from paretolab.study.worker import load_roles
+
+    plan = plan_trial(optuna.trial.FixedTrial(dict(frozen.params)), spec)
+    # a train stage's save_as would overwrite the checkpoint the study saved: the export saves where it is told instead
+    plan = [replace(s, params={**s.params, "save_as": ""}) if s.params.get("save_as") else s for s in plan]
+    settings = TrialSettings(spec.name, spec.task, spec.task_options, {"size": {}, "params": {}}, spec.search.seed,
+                             cpus=spec.resources.cpus, timeout_s=0.0, models=dict(spec.models), prices=dict(spec.prices))
+    kept: list[Subject] = []
+    result = run_trial(base, plan, settings, frozen.number, roles=load_roles(spec.models, spec.model, base), keep=kept.append)
+    if result.error or not kept:
+        raise ExportError(f"re-applying trial {frozen.number} failed: {result.error or 'no model came back'}")
+    return kept[0], result, plan
+
+
+def _compare(exported: Exported, recorded: dict[str, float], now: dict[str, float], task: str) -> None:
+    """The task's first quality metric, recorded vs re-applied, judged against the recorded interval."""
+    from paretolab.plugin_api.manager import registries
+
+    names = [m for m in registries().tasks.get(task).metrics if m in recorded and m in now and not m.endswith(("_ci_low", "_ci_high"))]
+    if not names:
+        return
+    metric = names[0]
+    exported.metric, exported.recorded, exported.reproduced = metric, recorded[metric], now[metric]
+    low, high = recorded.get(f"{metric}_ci_low"), recorded.get(f"{metric}_ci_high")
+    exported.interval = (low, high) if low is not None and high is not None else None
+    close = abs(now[metric] - recorded[metric]) <= 1e-6 * max(1.0, abs(recorded[metric]))
+    exported.within = close or (exported.interval is not None and low <= now[metric] <= high)
+
+
+def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str, Any], metrics: dict[str, float], methods: list[str],
+           history: Any = None) -> None:
+    from paretolab.version import __version__, code_version
+
+    named = ", ".join(methods) or "the unmodified model"
+    try:
+        plain = compact.dense_twin(subject)
+    except TypeError as exc:
+        raise ExportError(f"no export path for {named}: {exc}; transformers cannot rebuild this model from a config") from None
+    reference = _logits(subject.model, subject)
+    plain.save_pretrained(staging, safe_serialization=True)
+    if subject.tokenizer is not None:
+        subject.tokenizer.save_pretrained(staging)
+    exported.logit_gap["dense"] = _reload_gap(_reloaded(staging), reference)
+    if exported.logit_gap["dense"] > LOGIT_TOLERANCE:
+        raise ExportError(f"no export path for {named}: the saved model's logits differ from the trial's model by "
+                          f"{exported.logit_gap['dense']:.2g} (relative); its forward pass is not what transformers rebuilds")
+    exported.compact = compact.write(subject, plain, staging / "compact")
+    if exported.compact:
+        exported.logit_gap["compact"] = _reload_gap(compact.load_compact(staging), reference)
+    params = [t for _, t in compact.unique_tensors(plain)]
+    exported.sizes = {"dense on disk": float(_bytes(staging, "*.safetensors")), "dense fp16": float(2 * sum(t.numel() for t in params))}
+    if exported.compact:
+        exported.sizes["compact on disk"] = float(_bytes(staging / "compact", "*"))
+    if "size_bytes" in record["metrics"]:
+        exported.sizes["trial size_bytes"] = float(record["metrics"]["size_bytes"])
+    info = {
+        "study": exported.study, "trial": exported.trial, "pipeline": record["pipeline"], "params": record["params"],
+        "metrics": record["metrics"], "reapplied_metrics": metrics, **({"training_curve": history} if history else {}),
+        "reproduced": {"metric": exported.metric, "recorded": exported.recorded, "reapplied": exported.reproduced,
+                       "interval": exported.interval, "within": exported.within},
+        "base": {"model": subject.model_name, "study_code_version": record["code_version"]},
+        "paretolab": {"version": __version__, "code_version": code_version()},
+        "sizes_bytes": exported.sizes, "compact": exported.compact, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (staging / RECORD).write_text(json.dumps(info, indent=1, default=str))
+
+
+def _logits(model: torch.nn.Module, subject: Subject) -> torch.Tensor:
+    vocab = int(getattr(model.config, "vocab_size", 256))
+    ids = torch.arange(16, device=subject.device).remainder(vocab).unsqueeze(0) + 1
+    with torch.no_grad():
+        return model(ids).logits.float().cpu()
+
+
+def _reloaded(staging: Path) -> torch.nn.Module:
+    """The written directory loaded as a user will."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32).eval()
+
+
+def _reload_gap(model: torch.nn.Module, reference: torch.Tensor) -> float:
+    """Largest logit difference from the trial's model, relative to its largest logit."""
+    got = _logits(model, Subject(model=model, tokenizer=None, model_name=""))
+    return float((got - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
+
+
+def _bytes(folder: Path, pattern: str) -> int:
+    return sum(p.stat().st_size for p in folder.glob(pattern) if p.is_file())

@@ -1,0 +1,73 @@
+"""``paretolab.load_study(NAME)``: a stored study as pandas data frames (trials, frontier, verdicts).
+
+    s = paretolab.load_study("demo")
+    s.trials      # one row per complete trial: number, method, params (one column each), every logged metric
+    s.frontier    # the non-dominated trials on the study's objectives, in the order `paretolab frontier` prints
+    s.verdicts    # one row per claim and setting: verdict, difference and its 95 % interval, pairs
+    s.objectives  # [(metric, direction), ...]
+
+The rows come from the same readers as ``paretolab frontier`` and ``paretolab report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from paretolab.stores.locations import Stores
+
+
+@dataclass
+class StudyFrames:
+    name: str
+    objectives: list[tuple[str, str]]
+    trials: Any  # pandas.DataFrame
+    frontier: Any
+    verdicts: Any
+    pipeline: dict[str, Any]
+
+    def __repr__(self) -> str:
+        return (f"StudyFrames({self.name!r}: {len(self.trials)} complete trial(s), {len(self.frontier)} on the frontier, "
+                f"{len(self.verdicts)} verdict(s); objectives {self.objectives})")
+
+
+def load_study(name: str, *, home: str | None = None, stores: Stores | None = None) -> StudyFrames:
+    """Study ``name`` from the stores (``home``: a store folder, as ``--home``; default as the CLI resolves it)."""
+    import pandas as pd
+
+    from paretolab.plugin_api.manager import registries
+    from paretolab.results.claims import verdict_rows
+    from paretolab.results.noise import artifact_reader
+    from paretolab.results.read import load_study as optuna_study
+    from paretolab.results.read import trial_table
+    from paretolab.results.section import claim_trials, metric_bounds
+    from paretolab.stores.locations import resolve_stores
+    from paretolab.study.report_spec import claims_from
+
+    stores = stores or resolve_stores(home=home, create=False)
+    pipeline = optuna_study(name, stores).user_attrs.get("pipeline") or {}
+    objectives, rows = trial_table(name, stores)
+    trials = pd.DataFrame([_flat(r) for r in rows])
+    frontier = _frontier(trials, objectives)
+    claims = claims_from(pipeline, {m.name: m.direction for m in registries().metrics})
+    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), artifact_reader(stores.tracking_uri), metric_bounds),
+                            columns=["claim", "metric", "method", "baseline", "setting", "expect", "margin", "scale", "verdict",
+                                     "difference", "low", "high", "pairs", "trials"])
+    return StudyFrames(name, [tuple(o) for o in objectives], trials, frontier, verdicts, pipeline)
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    out = {"trial": row["trial"], "method": row["method"], "run_id": row["run_id"], "simulated_by": row.get("simulated_by", "")}
+    out.update({f"param:{k}": v for k, v in row["params"].items()})
+    out.update({k: v for k, v in row.items() if k not in out and k not in ("params", "run_params")})
+    return out
+
+
+def _frontier(trials: Any, objectives: list[tuple[str, str]]) -> Any:
+    from paretolab.results.frontier import pareto_indices
+
+    if trials.empty or not objectives:
+        return trials.iloc[0:0]
+    metrics = [m for m, _ in objectives]
+    keep = pareto_indices(trials[metrics].to_numpy().tolist(), [d for _, d in objectives])
+    return trials.iloc[sorted(keep)].sort_values(metrics[0]).reset_index(drop=True)
