@@ -13,6 +13,9 @@ the buffers, every other tensor dense in its dtype:
   one per group); ``w = (code - 2^(b-1)) * scale``. Written only when the trial's values sit exactly on
   such a grid (checked per tensor); ``b`` is the stored bit width rounded up (ternary: 2).
 
+Quantized weights alone are written as a compressed-tensors checkpoint instead where that package is
+installed (:mod:`paretolab.api.compressed`: ``compact/`` is then a model directory vLLM and transformers load).
+
 ``load_compact(DIR)`` rebuilds the model from ``DIR/config.json`` and these buffers, decoded to dense
 weights (no sparse or integer kernel runs: the format is for storage and transfer). fp16 scales and
 values round the trial's fp32 numbers: the export records how far the loaded model's logits move.
@@ -60,23 +63,27 @@ def dense_twin(subject: Subject) -> torch.nn.Module:
 
 
 def _check_rebuildable(model: torch.nn.Module) -> None:
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(model, "save_pretrained"):
+    from paretolab.training.checkpoints import rebuild_mismatch
+
+    if getattr(model, "config", None) is None or not hasattr(model, "save_pretrained"):
         raise TypeError(f"the model is {type(model).__name__}, not a Hugging Face model")
-    with torch.device("meta"):
-        fresh = type(model)(config)
-    theirs = {n: type(m) for n, m in fresh.named_modules()}
-    for name, module in model.named_modules():
-        if theirs.get(name) is not type(module):
-            raise TypeError(f"module {name!r} is {type(module).__name__} (from {type(module).__module__}), "
-                            f"{'absent' if name not in theirs else theirs[name].__name__} in a fresh {type(model).__name__}")
-        if module._forward_hooks or module._forward_pre_hooks:
-            raise TypeError(f"module {name!r} carries forward hooks, which a saved model does not keep")
+    problem = rebuild_mismatch(model)
+    if problem:
+        raise TypeError(problem)
+    hooked = next((name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks), None)
+    if hooked is not None:
+        raise TypeError(f"module {hooked!r} carries forward hooks, which a saved model does not keep")
 
 
 def write(subject: Subject, plain: torch.nn.Module, folder: Path) -> dict[str, str]:
-    """Write the compact form of every pruned or quantized tensor (nothing when there is none); tensor -> format."""
+    """Write the compact form of every pruned or quantized tensor (nothing when there is none); tensor -> format.
+
+    Quantized weights alone (no MACKO tensor, groups along rows) go to compressed-tensors where it is installed
+    and reproduces the model (:mod:`paretolab.api.compressed`); everything else to the layout described above.
+    """
     from safetensors.torch import save_file
+
+    from paretolab.api import compressed
 
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, dict[str, Any]] = {}
@@ -105,6 +112,11 @@ def write(subject: Subject, plain: torch.nn.Module, folder: Path) -> dict[str, s
     compacted = {k: v["format"] for k, v in layout.items() if v["format"] != "dense"}
     if not compacted:
         return {}
+    # groups over the flattened tensor are groups along rows when they divide a row
+    ints = {k: (v["bits"], v["group_size"]) for k, v in layout.items()
+            if v["format"].startswith("int") and (not v["flat_groups"] or v["shape"][1] % v["group_size"] == 0)}
+    if len(ints) == len(compacted) and compressed.available() and compressed.write(plain, ints, folder, subject.tokenizer):
+        return {k: f"{v} ({compressed.FORMAT})" for k, v in compacted.items()}
     folder.mkdir(parents=True)
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / WEIGHTS))
     (folder / LAYOUT).write_text(json.dumps({"tied": _tied(plain), "tensors": layout}, indent=1))
@@ -164,7 +176,11 @@ def load_compact(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tor
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from paretolab.api import compressed
+
     path = Path(path)
+    if (path / "compact" / "config.json").is_file():  # a compressed-tensors checkpoint
+        return compressed.load(path / "compact", dtype)
     layout = json.loads((path / "compact" / LAYOUT).read_text())
     stored = load_file(str(path / "compact" / WEIGHTS))
     state: dict[str, torch.Tensor] = {}

@@ -57,14 +57,18 @@ class Exported:
         out = [f"exported trial {self.trial} of {self.study!r} to {self.out}"]
         if self.recorded is not None and self.reproduced is not None:
             span = f" (recorded 95 % interval [{self.interval[0]:.6g}, {self.interval[1]:.6g}])" if self.interval else ""
-            verdict = "reproduced" if self.within else f"DIFFERS by {self.reproduced - self.recorded:+.4g}"
+            delta = self.reproduced - self.recorded
+            exact = abs(delta) <= 1e-6 * max(1.0, abs(self.recorded))
+            verdict = "reproduced exactly" if exact else f"reproduced within the interval (Δ {delta:+.4g})" if self.within else f"DIFFERS by {delta:+.4g}"
             out.append(f"  {self.metric}: re-applied {self.reproduced:.6g} vs recorded {self.recorded:.6g}{span}: {verdict}")
         mib = {k: f"{v / 2**20:.2f} MiB" for k, v in self.sizes.items()}
         out.append("  sizes: " + ", ".join(f"{k} {v}" for k, v in mib.items()))
         if self.compact:
             kinds = sorted(set(self.compact.values()))
+            how = (f"AutoModelForCausalLM.from_pretrained('{self.out / 'compact'}') with compressed-tensors installed"
+                   if any("pack-quantized" in k for k in kinds) else "paretolab.api.compact.load_compact")
             out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {self.logit_gap.get('compact', 0):.2g} "
-                       "(relative) of the trial's model (load: paretolab.api.compact.load_compact)")
+                       f"(relative) of the trial's model (load: {how})")
         if self.simulated_by:
             out.append(f"  simulated saving ({', '.join(self.simulated_by)}): the dense weights hold the method's values in full "
                        "precision; the trial's size_bytes counts the format" + (" compact/ writes" if self.compact else " no file here has"))

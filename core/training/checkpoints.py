@@ -94,29 +94,33 @@ def _weights_label(model: torch.nn.Module) -> str:
 
 def _check_loadable(model: torch.nn.Module, name: str) -> None:
     """Refuse a model its own Hugging Face class would not rebuild (surgery added or replaced modules): it would load wrong."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(model, "save_pretrained"):
+    if getattr(model, "config", None) is None or not hasattr(model, "save_pretrained"):
         raise SaveNameError(f"train.save_as: {name!r}: the model is not a Hugging Face model ({type(model).__name__}); it cannot be saved as a model source")
+    problem = rebuild_mismatch(model)
+    if problem:
+        raise SaveNameError(f"train.save_as: {name!r}: {problem}; a checkpoint of it would load as a different model, so it is not saved "
+                            "(update model.config to match if only shapes differ)")
+
+
+def rebuild_mismatch(model: torch.nn.Module) -> str:
+    """How ``model`` differs from a fresh model of its class built from its config ("" when it does not): the first
+    module of another type (with the number that differ), else the first tensor of another shape."""
     with torch.device("meta"):
-        fresh = type(model)(config)
+        fresh = type(model)(model.config)
     ours = {n: type(m) for n, m in model.named_modules()}
     theirs = {n: type(m) for n, m in fresh.named_modules()}
     differing = sorted(n for n in ours.keys() | theirs.keys() if ours.get(n) is not theirs.get(n))
     if differing:
         first = differing[0]
-        raise SaveNameError(
-            f"train.save_as: {name!r}: module {first!r} is {getattr(ours.get(first), '__name__', 'missing')} here but "
-            f"{getattr(theirs.get(first), '__name__', 'missing')} in a fresh {type(model).__name__} ({len(differing)} module(s) differ); "
-            "a checkpoint of it would load as a different model, so it is not saved"
-        )
+        here = ours.get(first)
+        return (f"module {first!r} is {getattr(here, '__name__', 'missing')}{f' (from {here.__module__})' if here else ''} here but "
+                f"{getattr(theirs.get(first), '__name__', 'missing')} in a fresh {type(model).__name__} ({len(differing)} module(s) differ)")
     ours_shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     theirs_shapes = {n: tuple(t.shape) for n, t in fresh.state_dict().items()}
     if ours_shapes != theirs_shapes:
         first = sorted(n for n in ours_shapes.keys() | theirs_shapes.keys() if ours_shapes.get(n) != theirs_shapes.get(n))[0]
-        raise SaveNameError(
-            f"train.save_as: {name!r}: tensor {first!r} has shape {ours_shapes.get(first)} here but {theirs_shapes.get(first)} "
-            f"in a {type(model).__name__} built from the model's config; update model.config to match before saving"
-        )
+        return f"tensor {first!r} has shape {ours_shapes.get(first)} here but {theirs_shapes.get(first)} in a {type(model).__name__} built from the model's config"
+    return ""
 
 
 class TrainedModel(ModelSource):

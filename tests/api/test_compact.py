@@ -25,7 +25,10 @@ def save(out, folder):
 
 
 @pytest.mark.parametrize(("bits", "group"), [(3, 32), (4, 16), (8, 64)])
-def test_rtn_codes_pack_and_unpack_to_the_trials_weights(tiny, tmp_path, bits, group):
+def test_rtn_codes_pack_and_unpack_to_the_trials_weights_in_our_layout(tiny, tmp_path, monkeypatch, bits, group):
+    from paretolab.api import compressed
+
+    monkeypatch.setattr(compressed, "available", lambda: False)  # a machine without compressed-tensors
     out = paretolab.apply(tiny.model, "rtn", tokenizer=tiny.tokenizer, bits=bits, group_size=group)
     _, formats = save(out, tmp_path)
     assert set(formats.values()) == {f"int{bits}"}
@@ -37,6 +40,24 @@ def test_rtn_codes_pack_and_unpack_to_the_trials_weights(tiny, tmp_path, bits, g
     layout = json.loads((tmp_path / "compact" / "layout.json").read_text())
     entry = next(v for v in layout["tensors"].values() if v["format"] != "dense")
     assert entry["bits"] == bits and entry["group_size"] == group
+
+
+@pytest.mark.parametrize("method", ["rtn", "absmean_ternary"])
+def test_quantized_weights_become_a_compressed_tensors_checkpoint_plain_transformers_loads(tiny, tmp_path, method):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    params = {"bits": 4, "group_size": 32} if method == "rtn" else {"group_size": 32}
+    out = paretolab.apply(tiny.model, method, tokenizer=tiny.tokenizer, **params)
+    _, formats = save(out, tmp_path)
+    bits = 4 if method == "rtn" else 2
+    assert set(formats.values()) == {f"int{bits} (pack-quantized)"}
+    config = json.loads((tmp_path / "compact" / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "pack-quantized"
+    with safe_open(str(tmp_path / "compact" / "model.safetensors"), "pt") as f:
+        assert "model.layers.0.mlp.up_proj.weight_packed" in f.keys() and f.get_tensor("model.layers.0.mlp.up_proj.weight_packed").dtype == torch.int32
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "compact", dtype=torch.float32)
+    assert torch.allclose(logits(loaded), logits(out.model), rtol=1e-5, atol=1e-5)
 
 
 def test_weights_off_the_grid_stay_dense_rather_than_a_wrong_code(tiny, tmp_path):

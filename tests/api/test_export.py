@@ -21,8 +21,8 @@ EXPORTABLE = {  # method -> its params, and the compact format export must write
     "magnitude": ({"sparsity": 0.5}, "macko"),
     "wanda": ({"sparsity": 0.5}, "macko"),
     "macko": ({"sparsity": 0.5}, "macko"),
-    "rtn": ({"bits": 4, "group_size": 32}, "int4"),
-    "catq": ({"steps": 5}, "int2"),
+    "rtn": ({"bits": 4, "group_size": 32}, "int4 (pack-quantized)"),  # a compressed-tensors checkpoint
+    "catq": ({"steps": 5}, "int2"),  # groups of 128 over the flattened 64-wide rows: paretolab's own layout
     "absmean_ternary": ({}, "int2"),
     "layerdrop": ({"k": [1, 4], "score": "random"}, None),  # k=4 of 2 layers fails: the failed trial to refuse
 }
@@ -109,7 +109,7 @@ def test_refusals_are_one_line_and_leave_nothing_behind(study):
     failed = first(trials, "layerdrop", optuna.trial.TrialState.FAIL)
     cases = [
         ((str(failed.number),), rf"trial {failed.number} of 'ex' is fail.*layerdrop.k"),
-        ((str(first(trials, "cat").number),), r"no export path for cat: module .* is CATLinear"),
+        ((str(first(trials, "cat").number),), r"no export path for cat: module .* is CATLinear \(from paretolab.plugins.cat\) here but Linear"),
         (("999",), r"has no trial 999"),
     ]
     for args, message in cases:

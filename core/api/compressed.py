@@ -1,0 +1,100 @@
+"""Quantized weights as a compressed-tensors checkpoint (``pack-quantized``): what vLLM and transformers load.
+
+``compact/`` is then a complete model directory: ``config.json`` with its ``quantization_config``,
+``model.safetensors`` holding each quantized Linear as ``weight_packed`` (int32 words of ``b``-bit
+codes), ``weight_scale`` (one per group, in the weight's dtype: the trial's exact scales) and
+``weight_shape``, every other tensor dense, and the tokenizer. ``AutoModelForCausalLM.from_pretrained(DIR/compact)``
+decompresses it (with ``compressed-tensors`` installed). Written only when every quantized tensor
+sits on a symmetric grid of groups along its rows (rtn, absmean_ternary and the like), and kept only
+when the reloaded model computes what the trial's model did; otherwise paretolab's own layout is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "pack-quantized"
+TOLERANCE = 1e-5  # relative logit difference: the codes and fp32 scales are exact, so only float order changes it
+
+
+def available() -> bool:
+    try:
+        import compressed_tensors  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder: Path, tokenizer: Any) -> bool:
+    """Write ``plain`` with the Linear weights ``quantized`` names (tensor -> (bits, group size)) packed; True when kept."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, apply_quantization_config
+
+    model = copy.deepcopy(plain)
+    reference = _logits(model)
+    by_scheme: dict[tuple[int, int], list[str]] = {}
+    for name, scheme in quantized.items():
+        by_scheme.setdefault(scheme, []).append(name.removesuffix(".weight"))
+    groups = {f"group_{i}": QuantizationScheme(targets=sorted(names), weights=QuantizationArgs(
+        num_bits=bits, type="int", symmetric=True, strategy="group", group_size=group)) for i, ((bits, group), names) in enumerate(sorted(by_scheme.items()))}
+    try:
+        with _no_bars():
+            apply_quantization_config(model, QuantizationConfig(config_groups=groups, quantization_status="frozen"))
+            for name, (bits, group) in quantized.items():
+                module = model.get_submodule(name.removesuffix(".weight"))
+                with torch.no_grad():
+                    module.weight_scale.copy_(_scales(module.weight, bits, group).to(module.weight_scale.dtype))
+                    if hasattr(module, "weight_zero_point"):
+                        module.weight_zero_point.zero_()
+            compressor = ModelCompressor.from_pretrained_model(model, quantization_format=FORMAT)
+            compressor.compress_model(model)
+            model.save_pretrained(folder)
+            compressor.update_config(folder)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+            kept = _gap(load(folder), reference) <= TOLERANCE
+    except Exception:  # a shape or scheme compressed-tensors does not take: paretolab's own layout instead
+        kept = False
+    if not kept:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    return kept
+
+
+def load(folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with _no_bars():
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+
+def _scales(weight: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    rows, cols = weight.shape
+    padded = torch.nn.functional.pad(weight.detach(), (0, (-cols) % group))
+    return padded.reshape(rows, -1, group).abs().amax(-1) / (2 ** (bits - 1) - 1)
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    vocab = int(getattr(model.config, "vocab_size", 256))
+    ids = (torch.arange(16).remainder(vocab - 1) + 1).unsqueeze(0).to(next(model.parameters()).device)
+    with torch.no_grad():
+        return model(ids).logits.float().cpu()
+
+
+def _gap(model: torch.nn.Module, reference: torch.Tensor) -> float:
+    return float((_logits(model) - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
+
+
+@contextmanager
+def _no_bars() -> Any:
+    """compressed-tensors and transformers draw a tqdm bar per step on stderr; an export prints its own lines."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
