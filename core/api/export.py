@@ -180,6 +180,7 @@ def _rerun(spec: Any, frozen: Any, base: Subject) -> tuple[Subject, Any, list[An
     """Run the trial as its worker did (same plan, seed, task) and keep the transformed subject."""
     import optuna
 
+    from paretolab.measure.timing import torch_threads
     from paretolab.records import TrialSettings
     from paretolab.study.search import plan_trial
     from paretolab.study.trial import run_trial
@@ -191,7 +192,9 @@ def _rerun(spec: Any, frozen: Any, base: Subject) -> tuple[Subject, Any, list[An
     settings = TrialSettings(spec.name, spec.task, spec.task_options, {"size": {}, "params": {}}, spec.search.seed,
                              cpus=spec.resources.cpus, timeout_s=0.0, models=dict(spec.models), prices=dict(spec.prices))
     kept: list[Subject] = []
-    result = run_trial(base, plan, settings, frozen.number, roles=load_roles(spec.models, spec.model, base), keep=kept.append)
+    threads = max(1, int(spec.resources.cpus)) if spec.resources.cpus else 0  # Ray ran the trial with OMP_NUM_THREADS = its cpus
+    with torch_threads(threads):  # a different thread count sums in another order: training-like methods drift from it
+        result = run_trial(base, plan, settings, frozen.number, roles=load_roles(spec.models, spec.model, base), keep=kept.append)
     if result.error or not kept:
         raise ExportError(f"re-applying trial {frozen.number} failed: {result.error or 'no model came back'}")
     return kept[0], result, plan
