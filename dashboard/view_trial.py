@@ -66,6 +66,12 @@ def trial_page(ctx: Context) -> None:
     text = reproduce_yaml(ctx.study.pipeline, params, study=ctx.study.name, number=int(number))
     st.code(text, language="yaml")
     st.download_button("Download pipeline YAML", text, file_name=f"{ctx.study.name}-trial{number}.yaml", mime="text/yaml", key="dl_yaml")
+    if str(row["state"]) == "COMPLETE":
+        st.subheader("Export the model")
+        st.code(f"paretolab export {ctx.study.name} {number} --out {ctx.study.name}-trial{number}", language="bash")
+        st.caption("Re-applies this trial (same params, seed, calibration), checks its quality against the recorded one and "
+                   "writes a directory transformers loads, with a compact form where the method has one; give the store flags "
+                   "`paretolab dashboard` got. From Python: `paretolab.export(...)`, or `paretolab.apply(model, method, **params)`.")
 
 
 def _energy_and_provenance(detail: runs.RunDetail) -> None:

@@ -139,10 +139,12 @@ def test_trial_page_shows_params_metrics_timings_tags_and_reproduce(store_env):
 
     spec = parse_spec(pipeline)  # the reproduce file is a valid pipeline
     assert spec.search.trials == 1
+    assert "paretolab export demo 7 --out demo-trial7" in [c.value for c in at.code]
 
 
 def test_failed_trial_shows_reason_and_traceback(store_env):
     at = open_app("Trial", "demo", trial=10)
+    assert not any(c.value.startswith("paretolab export") for c in at.code), "a failed trial has no model to export"
     assert any("objective metric 'ppl' is nan" in e.value for e in at.error)
     assert any("RuntimeError: boom" in c.value for c in at.code)
     assert any(b.proto.label == "traceback.txt" for b in at.get("download_button"))
