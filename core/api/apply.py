@@ -57,6 +57,7 @@ def apply(model: Any, method: str | list[Stage], *, tokenizer: Any = None, calib
     A stage in a list is ``"name"``, ``("name", {params})`` or ``{"method": name, "params": {...}}``.
     """
     from paretolab.plugin_api.manager import registries
+    from paretolab.study.fields import lookup
     from paretolab.study.stages import fixed_params
     from paretolab.study.trial import apply_plan
 
@@ -76,7 +77,7 @@ def apply(model: Any, method: str | list[Stage], *, tokenizer: Any = None, calib
         plan = []
         for i, (name, given) in enumerate(stages):
             where = f"apply stage {i} ({name!r})"
-            found = _lookup(methods, name, where)
+            found = lookup(methods, name, f"{where}.method")
             if corpus is not None and CALIBRATION_PARAM in found.defaults() and CALIBRATION_PARAM not in given:
                 given = {**given, CALIBRATION_PARAM: corpus}
             plan.append(StagePlan(stage=f"s{i}", method=found.name, params=fixed_params(found, given, where)))
@@ -107,12 +108,6 @@ def _stage(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
     if isinstance(raw, dict) and isinstance(raw.get("method"), str) and set(raw) <= {"method", "params"}:
         return raw["method"], dict(raw.get("params") or {})
     raise ConfigError(f"apply stage {index}: expected 'name', ('name', {{params}}) or {{'method': name, 'params': {{...}}}}, got {raw!r}")
-
-
-def _lookup(methods: Any, name: str, where: str) -> Any:
-    from paretolab.study.fields import lookup
-
-    return lookup(methods, name, f"{where}.method")
 
 
 def _as_subject(model: Any, tokenizer: Any) -> Subject:

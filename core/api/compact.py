@@ -40,10 +40,6 @@ LAYOUT = "layout.json"
 WEIGHTS = "weights.safetensors"
 
 
-def unique_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return unique_parameters(model)
-
-
 def dense_twin(subject: Subject) -> torch.nn.Module:
     """A copy of the model with every format module replaced by the dense module it computes (``dense_module()``).
 
@@ -92,7 +88,7 @@ def write(subject: Subject, plain: torch.nn.Module, folder: Path) -> dict[str, s
         if isinstance(fmt, MackoMatrix):
             _put_macko(tensors, layout, f"{name}.weight", fmt)
     records = subject.current_storage()
-    for name, tensor in unique_tensors(plain):
+    for name, tensor in unique_parameters(plain):
         if name in layout:
             continue
         record = records.get(name)
@@ -130,7 +126,7 @@ def _put_macko(tensors: dict[str, torch.Tensor], layout: dict[str, Any], name: s
 
 def _tied(model: torch.nn.Module) -> dict[str, str]:
     """Parameter names that share a kept tensor: name -> the kept name (tied embeddings)."""
-    kept = {t.data_ptr(): n for n, t in unique_tensors(model)}
+    kept = {t.data_ptr(): n for n, t in unique_parameters(model)}
     return {n: kept[t.data_ptr()] for n, t in model.state_dict(keep_vars=True).items()
             if isinstance(t, torch.nn.Parameter) and kept.get(t.data_ptr(), n) != n}
 
@@ -176,11 +172,11 @@ def load_compact(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tor
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from paretolab.api import compressed
+    from paretolab.api.fidelity import reload
 
     path = Path(path)
     if (path / "compact" / "config.json").is_file():  # a compressed-tensors checkpoint
-        return compressed.load(path / "compact", dtype)
+        return reload(path / "compact", dtype)
     layout = json.loads((path / "compact" / LAYOUT).read_text())
     stored = load_file(str(path / "compact" / WEIGHTS))
     state: dict[str, torch.Tensor] = {}

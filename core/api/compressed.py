@@ -11,14 +11,13 @@ when the reloaded model computes what the trial's model did; otherwise paretolab
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
 
 FORMAT = "pack-quantized"
 TOLERANCE = 1e-5  # relative logit difference: the codes and fp32 scales are exact, so only float order changes it
@@ -38,14 +37,14 @@ def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, apply_quantization_config
 
     model = copy.deepcopy(plain)
-    reference = _logits(model)
+    reference = probe_logits(model)
     by_scheme: dict[tuple[int, int], list[str]] = {}
     for name, scheme in quantized.items():
         by_scheme.setdefault(scheme, []).append(name.removesuffix(".weight"))
     groups = {f"group_{i}": QuantizationScheme(targets=sorted(names), weights=QuantizationArgs(
         num_bits=bits, type="int", symmetric=True, strategy="group", group_size=group)) for i, ((bits, group), names) in enumerate(sorted(by_scheme.items()))}
     try:
-        with _no_bars():
+        with quiet():
             apply_quantization_config(model, QuantizationConfig(config_groups=groups, quantization_status="frozen"))
             for name, (bits, group) in quantized.items():
                 module = model.get_submodule(name.removesuffix(".weight"))
@@ -59,7 +58,7 @@ def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder:
             compressor.update_config(folder)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
-            kept = _gap(load(folder), reference) <= TOLERANCE
+            kept = logit_gap(reload(folder), reference) <= TOLERANCE
     except Exception:  # a shape or scheme compressed-tensors does not take: paretolab's own layout instead
         kept = False
     if not kept:
@@ -69,32 +68,7 @@ def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder:
     return kept
 
 
-def load(folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    with _no_bars():
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-
-
 def _scales(weight: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     rows, cols = weight.shape
     padded = torch.nn.functional.pad(weight.detach(), (0, (-cols) % group))
     return padded.reshape(rows, -1, group).abs().amax(-1) / (2 ** (bits - 1) - 1)
-
-
-def _logits(model: torch.nn.Module) -> torch.Tensor:
-    vocab = int(getattr(model.config, "vocab_size", 256))
-    ids = (torch.arange(16).remainder(vocab - 1) + 1).unsqueeze(0).to(next(model.parameters()).device)
-    with torch.no_grad():
-        return model(ids).logits.float().cpu()
-
-
-def _gap(model: torch.nn.Module, reference: torch.Tensor) -> float:
-    return float((_logits(model) - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
-
-
-@contextmanager
-def _no_bars() -> Any:
-    """compressed-tensors and transformers draw a tqdm bar per step on stderr; an export prints its own lines."""
-    with contextlib.redirect_stderr(io.StringIO()):
-        yield

@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from paretolab.api import compact
+from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 from paretolab.stores.locations import Stores
 
@@ -46,6 +45,7 @@ class Exported:
     reproduced: float | None = None
     interval: tuple[float, float] | None = None
     within: bool | None = None
+    exact: bool = False  # the re-applied value equals the recorded one (to 1e-6 relative)
     sizes: dict[str, float] = field(default_factory=dict)  # bytes: dense on disk, compact on disk, dense fp16, the trial's size_bytes
     compact: dict[str, str] = field(default_factory=dict)  # tensor -> format written in compact/
     simulated_by: list[str] = field(default_factory=list)
@@ -58,8 +58,7 @@ class Exported:
         if self.recorded is not None and self.reproduced is not None:
             span = f" (recorded 95 % interval [{self.interval[0]:.6g}, {self.interval[1]:.6g}])" if self.interval else ""
             delta = self.reproduced - self.recorded
-            exact = abs(delta) <= 1e-6 * max(1.0, abs(self.recorded))
-            verdict = "reproduced exactly" if exact else f"reproduced within the interval (Δ {delta:+.4g})" if self.within else f"DIFFERS by {delta:+.4g}"
+            verdict = "reproduced exactly" if self.exact else f"reproduced within the interval (Δ {delta:+.4g})" if self.within else f"DIFFERS by {delta:+.4g}"
             out.append(f"  {self.metric}: re-applied {self.reproduced:.6g} vs recorded {self.recorded:.6g}{span}: {verdict}")
         mib = {k: f"{v / 2**20:.2f} MiB" for k, v in self.sizes.items()}
         out.append("  sizes: " + ", ".join(f"{k} {v}" for k, v in mib.items()))
@@ -84,9 +83,8 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
     ``save_as``: also keep it as a model source of that name (``paretolab models list``), usable as a base.
     """
     from paretolab.models import check_model, load_subject
-    from paretolab.study.spec import parse_spec
-
     from paretolab.stores.locations import resolve_stores
+    from paretolab.study.spec import parse_spec
 
     stores = stores or resolve_stores(create=False)
     out = Path(out).expanduser()
@@ -109,7 +107,7 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        with _quiet_transformers():
+        with quiet():
             _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
         if out.exists():
             shutil.rmtree(out)
@@ -119,26 +117,10 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
     if save_as:
         from paretolab.training.checkpoints import save_trained
 
-        with _quiet_transformers():
+        with quiet():
             save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
         exported.saved_as = save_as
     return exported
-
-
-@contextmanager
-def _quiet_transformers() -> Any:
-    """No per-shard progress bars or load reports while we save and reload our own directory."""
-    from transformers.utils import logging as hf_logging
-
-    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _complete_trial(study: str, number: int, stores: Stores) -> tuple[Any, dict[str, Any]]:
@@ -211,8 +193,8 @@ def _compare(exported: Exported, recorded: dict[str, float], now: dict[str, floa
     exported.metric, exported.recorded, exported.reproduced = metric, recorded[metric], now[metric]
     low, high = recorded.get(f"{metric}_ci_low"), recorded.get(f"{metric}_ci_high")
     exported.interval = (low, high) if low is not None and high is not None else None
-    close = abs(now[metric] - recorded[metric]) <= 1e-6 * max(1.0, abs(recorded[metric]))
-    exported.within = close or (exported.interval is not None and low <= now[metric] <= high)
+    exported.exact = abs(now[metric] - recorded[metric]) <= 1e-6 * max(1.0, abs(recorded[metric]))
+    exported.within = exported.exact or (exported.interval is not None and low <= now[metric] <= high)
 
 
 def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str, Any], metrics: dict[str, float], methods: list[str],
@@ -224,18 +206,18 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
         plain = compact.dense_twin(subject)
     except TypeError as exc:
         raise ExportError(f"no export path for {named}: {exc}; transformers cannot rebuild this model from a config") from None
-    reference = _logits(subject.model, subject)
+    reference = probe_logits(subject.model)
     plain.save_pretrained(staging, safe_serialization=True)
     if subject.tokenizer is not None:
         subject.tokenizer.save_pretrained(staging)
-    exported.logit_gap["dense"] = _reload_gap(_reloaded(staging), reference)
+    exported.logit_gap["dense"] = logit_gap(reload(staging), reference)
     if exported.logit_gap["dense"] > LOGIT_TOLERANCE:
         raise ExportError(f"no export path for {named}: the saved model's logits differ from the trial's model by "
                           f"{exported.logit_gap['dense']:.2g} (relative); its forward pass is not what transformers rebuilds")
     exported.compact = compact.write(subject, plain, staging / "compact")
     if exported.compact:
-        exported.logit_gap["compact"] = _reload_gap(compact.load_compact(staging), reference)
-    params = [t for _, t in compact.unique_tensors(plain)]
+        exported.logit_gap["compact"] = logit_gap(compact.load_compact(staging), reference)
+    params = [t for _, t in unique_parameters(plain)]
     exported.sizes = {"dense on disk": float(_bytes(staging, "*.safetensors")), "dense fp16": float(2 * sum(t.numel() for t in params))}
     if exported.compact:
         exported.sizes["compact on disk"] = float(_bytes(staging / "compact", "*"))
@@ -252,26 +234,6 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (staging / RECORD).write_text(json.dumps(info, indent=1, default=str))
-
-
-def _logits(model: torch.nn.Module, subject: Subject) -> torch.Tensor:
-    vocab = int(getattr(model.config, "vocab_size", 256))
-    ids = torch.arange(16, device=subject.device).remainder(vocab).unsqueeze(0) + 1
-    with torch.no_grad():
-        return model(ids).logits.float().cpu()
-
-
-def _reloaded(staging: Path) -> torch.nn.Module:
-    """The written directory loaded as a user will."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32).eval()
-
-
-def _reload_gap(model: torch.nn.Module, reference: torch.Tensor) -> float:
-    """Largest logit difference from the trial's model, relative to its largest logit."""
-    got = _logits(model, Subject(model=model, tokenizer=None, model_name=""))
-    return float((got - reference).abs().max() / reference.abs().max().clamp_min(1e-12))
 
 
 def _bytes(folder: Path, pattern: str) -> int:
