@@ -1,14 +1,21 @@
 """IncrementalBPE vs Hugging Face `tokenizers` vs tiktoken on SmolLM2's vocabulary, side by side.
 
-    python benchmarks/tokenizer.py [--repeats 2] [--stream-kb 4]
+    python benchmarks/tokenizer.py [--repeats 3] [--sizes 20000,200000] [--stream-kb 4] [--out FILE]
 
-Every row encodes the same text with each tokenizer (one call, one thread unless it says
-batch), after a warm-up, and reports the best of ``--repeats`` runs in MB/s of UTF-8 input plus
-our speed-up. "stream" feeds 16-char chunks: ours returns final tokens per chunk; HF has no
-streaming API, so it re-encodes the whole text so far at every chunk (what a server does to
-find which tokens are final), which is quadratic: it runs on the first ``--stream-kb`` KiB only.
-tiktoken is built from the same merges (rank = merge rank, the GPT-2 regex); it merges any pair
-whose concatenation is a token, so it can differ from HF: the agreement column says how often.
+Inputs: prose (WikiText-2 test), code (80 stdlib modules, 1 MB) and a worst-case set, each at
+every ``--sizes``: a run of every ASCII punctuation character, unspaced random letters, random
+digits, repeated multi-byte characters (é, 中, 🙂), and the tokens with the deepest merge
+trees repeated without spaces (adversarial merge chains).
+
+*first-seen*: every tokenizer is built fresh (outside the timer) and encodes the text once, so
+no word cache is warm; best of ``--repeats`` fresh builds. *warm*: the same object after one
+warm-up encode, best of ``--repeats``. ns/B is per byte of UTF-8 input; "× prose" divides a
+row's first-seen ns/B by prose's. tiktoken is built from the same merges (rank = merge rank, the
+GPT-2 regex); it merges any pair whose concatenation is a token, so it can differ from HF on
+rare inputs (the agreement column). *stream*: 16-byte chunks; ours returns final tokens per
+chunk, HF and tiktoken have no streaming API, so they re-encode the text so far at every chunk
+(what a server does to learn which tokens are final), on the first ``--stream-kb`` KiB only
+(quadratic); p50/p99 latency per chunk in µs.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
+import string
 import sysconfig
 import time
 from collections.abc import Callable
@@ -27,110 +36,174 @@ from paretolab.data import load_corpus
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-def inputs() -> dict[str, str]:
-    """The input classes: real prose, real code, and the two pathological shapes."""
+def merge_depth(tables: Any) -> list[int]:
+    """Depth of every token's merge tree (0 for single bytes)."""
+    depth = [0] * tables.vocab_size
+    for t in sorted(range(tables.vocab_size), key=lambda t: tables.rank[t]):
+        if tables.rank[t] >= 0:
+            depth[t] = 1 + max(depth[tables.left[t]], depth[tables.right[t]])
+    return depth
+
+
+def worst_inputs(tables: Any, size: int) -> dict[str, str]:
+    """The worst-case set at ``size`` characters (multi-byte runs: ``size`` bytes)."""
+    rng = random.Random(0)
+    out = {f"run {ch!r}": ch * size for ch in string.punctuation}
+    out["letters"] = "".join(rng.choice(string.ascii_lowercase) for _ in range(size))
+    out["digits"] = "".join(rng.choice(string.digits) for _ in range(size))
+    for ch in "é中🙂":
+        out[f"run {ch}"] = ch * (size // len(ch.encode()))
+    depth = merge_depth(tables)
+    deepest = sorted((t for t in range(tables.vocab_size) if tables.reachable[t]), key=lambda t: -depth[t])
+    for t in deepest[:3]:
+        text = tables.token_bytes[t].decode("utf-8", errors="ignore").replace(" ", "")
+        if text:
+            out[f"chain {text[:12]!r} (depth {depth[t]})"] = (text * (size // len(text) + 1))[:size]
+    return out
+
+
+def everyday_inputs() -> dict[str, str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     code = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))[:80])
-    rng = random.Random(0)
-    return {
-        "wikitext2": load_corpus("wikitext2")[0],
-        "code (stdlib)": code[:1_000_000],
-        "single-char run": "a" * 20_000,
-        "unspaced run": "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(20_000)),
-    }
+    return {"prose (wikitext2)": load_corpus("wikitext2")[0], "code (stdlib)": code[:1_000_000]}
 
 
-def build_tiktoken(hf: Any) -> tuple[Any, dict[int, int]]:
-    """A tiktoken Encoding over the same byte-level merges, and its id -> HF id map."""
+def build_tiktoken(hf: Any, tables: Any) -> Callable[[], tuple[Any, dict[int, int]]]:
+    """A factory of fresh tiktoken Encodings over the same byte-level merges, with the id -> HF id map."""
     import tiktoken
 
-    from paretolab.plugins.incremental_bpe._vocab import tables_from_hf
-
-    tables = tables_from_hf(hf)
     ranks: dict[bytes, int] = {bytes([b]): b for b in range(256)}  # tiktoken needs all 256 bytes
     to_hf = {b: tables.byte_token[b] for b in range(256)}
     for tid, data in enumerate(tables.token_bytes):
         if tables.rank[tid] >= 0:
             ranks[data] = 256 + tables.rank[tid]
             to_hf[256 + tables.rank[tid]] = tid
-    specials = {s.content: 256 + len(tables.merge_rank) + i for i, s in enumerate(tables.specials)}
-    to_hf.update({v: s.id for v, s in zip(specials.values(), tables.specials)})
-    enc = tiktoken.Encoding("smollm2-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
-    return enc, to_hf
+    return lambda: (tiktoken.Encoding("smollm2-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}), to_hf)
 
 
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up (caches, lazy init)
-    best = float("inf")
-    for _ in range(repeats):
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def first_seen(make: Callable[[], Callable[[str], Any]], text: str, repeats: int) -> float:
+    """Best of ``repeats`` single encodes, each by a freshly built tokenizer."""
+    return min(timed(lambda enc=make(): enc(text)) for _ in range(repeats))
+
+
+def warm(encode: Callable[[str], Any], text: str, repeats: int) -> float:
+    encode(text)
+    return min(timed(lambda: encode(text)) for _ in range(repeats))
+
+
+def chunk_latencies(feed: Callable[[str], Any], text: str) -> list[float]:
+    out = []
+    for at in range(0, len(text), 16):
         start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        feed(text[at : at + 16])
+        out.append(time.perf_counter() - start)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--stream-kb", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", default="20000,200000", help="worst-case input sizes, comma-separated")
+    parser.add_argument("--stream-kb", type=int, default=4, help="prefix re-encoded by HF and tiktoken per chunk")
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
 
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     from paretolab.models import SmolLM2
     from paretolab.plugins.incremental_bpe import IncrementalBPE
+    from paretolab.plugins.incremental_bpe._forest import max_candidates
 
     hf = AutoTokenizer.from_pretrained(SmolLM2().pull())
-    backend = hf.backend_tokenizer
-    start = time.perf_counter()
-    ours = IncrementalBPE.from_hf(hf)
-    print(f"IncrementalBPE backend={ours.backend}, built in {time.perf_counter() - start:.2f} s")
-    enc, tik_to_hf = build_tiktoken(hf)
+    spec = hf.backend_tokenizer.to_str()
+    ours_proto = IncrementalBPE.from_hf(hf)
+    tables = ours_proto.tables
+    new_tiktoken = build_tiktoken(hf, tables)
+    print(f"IncrementalBPE backend={ours_proto.backend}; candidates per byte at most {max_candidates(tables)}")
 
+    def new_ours() -> Callable[[str], Any]:
+        return IncrementalBPE(tables).encode
+
+    def new_hf() -> Callable[[str], Any]:
+        tok = Tokenizer.from_str(spec)
+        return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+    def new_tik() -> Callable[[str], Any]:
+        return new_tiktoken()[0].encode_ordinary
+
+    inputs = {name: ("everyday", text) for name, text in everyday_inputs().items()}
+    for size in (int(s) for s in args.sizes.split(",")):
+        inputs.update({f"{name} @{size // 1000}k": (f"worst {size // 1000}k", text) for name, text in worst_inputs(tables, size).items()})
+
+    enc_tik, tik_to_hf = new_tiktoken()
     rows = []
-    for name, text in inputs().items():
-        mb = len(text.encode("utf-8")) / 1e6
-        truth = backend.encode(text, add_special_tokens=False).ids
-        assert ours.encode(text) == truth, f"{name}: IncrementalBPE differs from HF"
-        tik = [tik_to_hf[t] for t in enc.encode_ordinary(text)]
-        agree = sum(a == b for a, b in zip(tik, truth)) / max(len(truth), 1) if len(tik) == len(truth) else 0.0
-        chunks = text.splitlines(keepends=True)
-        t_ours = best_seconds(lambda: ours.encode(text), args.repeats)
-        t_hf = best_seconds(lambda: backend.encode(text, add_special_tokens=False), args.repeats)
-        t_tik = best_seconds(lambda: enc.encode_ordinary(text), args.repeats)
-        t_hf_batch = best_seconds(lambda: backend.encode_batch(chunks, add_special_tokens=False), args.repeats)
-        t_tik_batch = best_seconds(lambda: enc.encode_ordinary_batch(chunks), args.repeats)
-        t_ours_lines = best_seconds(lambda: [ours.encode(c) for c in chunks], args.repeats)
-
+    for name, (group, text) in inputs.items():
+        nbytes = len(text.encode("utf-8"))
+        truth = new_hf()(text)
+        assert ours_proto.encode(text) == truth, f"{name}: IncrementalBPE differs from HF"
+        tik = [tik_to_hf[t] for t in enc_tik.encode_ordinary(text)]
+        row: dict[str, Any] = {"input": name, "group": group, "bytes": nbytes, "tiktoken_agrees": tik == truth}
+        for who, make in (("ours", new_ours), ("hf", new_hf), ("tiktoken", new_tik)):
+            row[f"{who}_first_ns_b"] = first_seen(make, text, args.repeats) / nbytes * 1e9
+            row[f"{who}_warm_ns_b"] = warm(make(), text, args.repeats) / nbytes * 1e9
         head = text[: args.stream_kb * 1024]
-        head_mb = len(head.encode("utf-8")) / 1e6
+        stream = IncrementalBPE(tables).stream()
+        ours_lat = chunk_latencies(stream.feed, text)
+        stream.finish()
+        for who, make in (("hf", new_hf), ("tiktoken", new_tik)):
+            encode, seen = make(), [""]
 
-        def ours_stream() -> None:
-            s = ours.stream()
-            for at in range(0, len(head), 16):
-                s.feed(head[at : at + 16])
-            s.finish()
+            def re_encode(chunk: str, encode: Callable[[str], Any] = encode, seen: list[str] = seen) -> None:
+                seen[0] += chunk
+                encode(seen[0])
 
-        def hf_restream() -> None:
-            for at in range(16, len(head) + 16, 16):
-                backend.encode(head[:at], add_special_tokens=False)
+            lat = chunk_latencies(re_encode, head)
+            row[f"{who}_stream_p50_us"], row[f"{who}_stream_p99_us"] = _p50_p99(lat)
+        row["ours_stream_p50_us"], row["ours_stream_p99_us"] = _p50_p99(ours_lat)
+        rows.append(row)
+        print(f"  {name}: ours {row['ours_first_ns_b']:.1f} ns/B first-seen", flush=True)
 
-        t_ours_stream = best_seconds(ours_stream, 1)
-        t_hf_stream = best_seconds(hf_restream, 1)
-        rows.append((name, mb, mb / t_ours, mb / t_hf, mb / t_tik, mb / t_ours_lines, mb / t_hf_batch,
-                     mb / t_tik_batch, head_mb / t_ours_stream, head_mb / t_hf_stream, agree))  # fmt: skip
+    prose = next(r for r in rows if r["input"].startswith("prose"))["ours_first_ns_b"]
+    for r in rows:
+        r["ours_x_prose"] = r["ours_first_ns_b"] / prose
+    print_table(rows)
+    worst = max((r for r in rows if r["group"].startswith("worst")), key=lambda r: r["ours_x_prose"])
+    summary = {"worst_input": worst["input"], "worst_x_prose": worst["ours_x_prose"]}
+    for size_group in sorted({r["group"] for r in rows if r["group"].startswith("worst")}):
+        summary[f"max_ns_b {size_group}"] = max(r["ours_first_ns_b"] for r in rows if r["group"] == size_group)
+    print(json.dumps(summary))
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
 
-    print(f"\nMB/s (best of {args.repeats}); x = ours / theirs. batch = per-line list (HF/tiktoken use threads).")
-    header = ("input", "MB", "ours", "HF", "x", "tiktoken", "x", "ours lines", "HF batch", "x",
-              "tik batch", "x", "ours stream", "HF re-enc", "x", "tik agrees")  # fmt: skip
-    print(" | ".join(header))
-    for name, mb, o, h, t, ol, hb, tb, os_, hs, agree in rows:
-        cells = (name, f"{mb:.2f}", f"{o:.1f}", f"{h:.1f}", f"{o / h:.1f}", f"{t:.1f}", f"{o / t:.2f}",
-                 f"{ol:.1f}", f"{hb:.1f}", f"{ol / hb:.2f}", f"{tb:.1f}", f"{ol / tb:.2f}",
-                 f"{os_:.2f}", f"{hs:.3f}", f"{os_ / hs:.0f}", f"{agree:.1%}")  # fmt: skip
+
+def _p50_p99(lat: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(lat, n=100, method="inclusive")
+    return q[49] * 1e6, q[98] * 1e6
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("\nns per byte (lower is better); x = theirs / ours; stream = µs per 16-byte chunk (p50 / p99)")
+    head = ("input", "ours 1st", "ours warm", "× prose", "HF 1st", "x", "tik 1st", "x", "tik warm", "x",
+            "ours p50/p99", "HF re-enc p50/p99", "tik re-enc p50/p99", "tik = HF")  # fmt: skip
+    print(" | ".join(head))
+    for r in rows:
+        o = r["ours_first_ns_b"]
+        cells = (r["input"], f"{o:.1f}", f"{r['ours_warm_ns_b']:.1f}", f"{r['ours_x_prose']:.2f}",
+                 f"{r['hf_first_ns_b']:.0f}", f"{r['hf_first_ns_b'] / o:.1f}", f"{r['tiktoken_first_ns_b']:.1f}",
+                 f"{r['tiktoken_first_ns_b'] / o:.2f}", f"{r['tiktoken_warm_ns_b']:.1f}",
+                 f"{r['tiktoken_warm_ns_b'] / r['ours_warm_ns_b']:.2f}",
+                 f"{r['ours_stream_p50_us']:.1f}/{r['ours_stream_p99_us']:.1f}",
+                 f"{r['hf_stream_p50_us']:.0f}/{r['hf_stream_p99_us']:.0f}",
+                 f"{r['tiktoken_stream_p50_us']:.0f}/{r['tiktoken_stream_p99_us']:.0f}",
+                 "yes" if r["tiktoken_agrees"] else "no")  # fmt: skip
         print(" | ".join(cells))
-    print(json.dumps({"rows": [dict(zip(("input", "mb", "ours", "hf", "tiktoken", "ours_lines", "hf_batch", "tik_batch",
-                                        "ours_stream", "hf_reencode_stream", "tiktoken_agreement"), r)) for r in rows]}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,73 +1,71 @@
 /* Fast path of IncrementalBPE: the same algorithm as _reference.py and _pretokenize.py, in C.
  *
- * Engine(token_bytes, lengths, rank, left, right, reachable, byte_token, classes)
+ * Engine(token_bytes, lengths, node_of, node_token, right_len, lo, hi, byte_token, classes)
  *   .encode_text(str) -> list[int]   pre-tokenize (GPT-2 regex, batch) + incremental BPE
  *   .encode_word(bytes) -> list[int] BPE of one pre-token
  *   .eager_word() -> EagerWord       .push(bytes) -> final ids, .finish() -> the rest
  *
  * Read _reference.py first: every function here mirrors one there, comments say only what is
- * C-specific. Tables are plain int32 arrays; the merge map and the automaton's goto function
- * are open-addressing hash tables keyed by 64-bit integers.
+ * C-specific. Positions hold suffix-forest nodes (_forest.py), not token ids: the test of a
+ * candidate is one load and one unsigned comparison. Tables are plain int32 arrays; the
+ * automaton's goto function is an open-addressing hash table keyed by 64-bit integers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define NO_RANK (-1)
-#define INF_RANK INT32_MAX
 #define OTHER 0
 #define LETTER 1
 #define NUMBER 2
 #define SPACE 3
 
-/* ---------- open-addressing map uint64 -> int32 ---------- */
+/* ---------- open-addressing map uint32 -> int32, key and value side by side (one cache line a probe) ---------- */
 typedef struct {
-    uint64_t *keys;
-    int32_t *vals;
+    uint32_t key;
+    int32_t val;
+} MapEntry;
+
+typedef struct {
+    MapEntry *slots;
     size_t mask;
 } Map;
 
-#define MAP_EMPTY UINT64_MAX
+#define MAP_EMPTY UINT32_MAX
 
-static inline size_t map_hash(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return (size_t)k;
+static inline size_t map_hash(uint32_t k) {
+    uint64_t h = (uint64_t)k * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(h >> 32);
 }
 
 static int map_init(Map *m, size_t n) {
     size_t cap = 16;
     while (cap < 2 * n + 2) cap <<= 1;
-    m->keys = PyMem_Malloc(cap * sizeof(uint64_t));
-    m->vals = PyMem_Malloc(cap * sizeof(int32_t));
-    if (!m->keys || !m->vals) return -1;
-    memset(m->keys, 0xff, cap * sizeof(uint64_t));
+    m->slots = PyMem_Malloc(cap * sizeof(MapEntry));
+    if (!m->slots) return -1;
+    memset(m->slots, 0xff, cap * sizeof(MapEntry));
     m->mask = cap - 1;
     return 0;
 }
 
 static void map_free(Map *m) {
-    PyMem_Free(m->keys);
-    PyMem_Free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
+    PyMem_Free(m->slots);
+    m->slots = NULL;
 }
 
-static inline void map_put(Map *m, uint64_t k, int32_t v) {
+static inline void map_put(Map *m, uint32_t k, int32_t v) {
     size_t i = map_hash(k) & m->mask;
-    while (m->keys[i] != MAP_EMPTY && m->keys[i] != k) i = (i + 1) & m->mask;
-    m->keys[i] = k;
-    m->vals[i] = v;
+    while (m->slots[i].key != MAP_EMPTY && m->slots[i].key != k) i = (i + 1) & m->mask;
+    m->slots[i].key = k;
+    m->slots[i].val = v;
 }
 
-static inline int32_t map_get(const Map *m, uint64_t k, int32_t missing) {
+static inline int32_t map_get(const Map *m, uint32_t k, int32_t missing) {
     size_t i = map_hash(k) & m->mask;
     for (;;) {
-        uint64_t key = m->keys[i];
-        if (key == k) return m->vals[i];
-        if (key == MAP_EMPTY) return missing;
+        MapEntry slot = m->slots[i];
+        if (slot.key == k) return slot.val;
+        if (slot.key == MAP_EMPTY) return missing;
         i = (i + 1) & m->mask;
     }
 }
@@ -114,15 +112,37 @@ static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from) {
 
 /* ---------- the engine ---------- */
 typedef struct {
+    uint32_t lo, span; /* the test passes iff node(L(end - rlen)) - lo < span (unsigned) */
+    int32_t rlen, len; /* bytes of the right part (0: a single byte, always passes), of the token */
+} Node;
+
+typedef struct {
+    int32_t fail;
+    int32_t node;  /* the state's string as a token (a forest node), or -1 */
+    int32_t link;  /* dictionary link: the longest proper suffix state that is a token, -1 if none */
+    int16_t depth; /* length of the state's string */
+    int16_t row;   /* row in shallow[] (root 0, depth-1 states 1..256), -1 deeper */
+    int32_t chain; /* the candidates (tokens that are suffixes of the state, longest first) start at cands[chain] */
+    int32_t n_chain;
+} State;
+
+typedef struct {
+    uint32_t lo, span;
+    int32_t rlen, node;
+} Cand; /* a candidate's test inline, so the scan reads one contiguous run */
+
+typedef struct {
     PyObject_HEAD
-    int32_t n_tokens;
-    int32_t *length, *rank, *left, *right;
+    int32_t n_tokens, n_nodes;
+    int32_t *length;     /* by token id (automaton build) */
+    int32_t *node_token; /* by node */
+    Node *nodes;
     int32_t byte_token[256];
-    Map merges;     /* (a << 32 | b) -> rank */
     Map gotos;      /* (state << 8 | byte) -> child state */
     int32_t n_states;
-    int32_t *fail, *token_at, *dict_link, *depth;
-    int32_t root_goto[256]; /* dense transitions out of the root, the hottest state */
+    State *states;
+    Cand *cands;
+    int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved, for the root and depth-1 states */
     uint8_t *classes;       /* 0x110000 entries */
     IntBuf last;            /* scratch for encode_word */
     struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
@@ -143,41 +163,21 @@ static inline uint32_t word_hash(const uint8_t *w, Py_ssize_t n) {
     return h;
 }
 
-static inline int compatible(const Engine *e, int32_t x, int32_t y) {
-    int32_t px = INF_RANK, py = INF_RANK;
-    for (;;) {
-        int32_t r = map_get(&e->merges, ((uint64_t)(uint32_t)x << 32) | (uint32_t)y, -1);
-        if (r >= 0 && r < px && r <= py) return 0;
-        int32_t rx = e->rank[x], ry = e->rank[y];
-        if (rx == NO_RANK && ry == NO_RANK) return 1;
-        if (rx > ry) {
-            px = rx;
-            x = e->right[x];
-        } else {
-            py = ry;
-            y = e->left[y];
-        }
-    }
-}
-
 static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
-    while (s) {
-        int32_t t = map_get(&e->gotos, ((uint64_t)s << 8) | b, -1);
+    for (;;) {
+        const State *st = &e->states[s];
+        if (st->row >= 0) return e->shallow[((size_t)st->row << 8) | b];
+        int32_t t = map_get(&e->gotos, ((uint32_t)s << 8) | b, -1);
         if (t >= 0) return t;
-        s = e->fail[s];
+        s = st->fail;
     }
-    return e->root_goto[b];
 }
 
-/* last token of BPE(word[:end]); last[] is indexed by absolute position minus base */
+/* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
 static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state) {
-    int32_t node = e->token_at[state] >= 0 ? state : e->dict_link[state];
-    while (node > 0) {
-        int32_t u = e->token_at[node];
-        Py_ssize_t start = end - e->length[u];
-        if (start == 0 || compatible(e, last[start - base], u)) return u;
-        node = e->dict_link[node];
-    }
+    const State *st = &e->states[state];
+    for (const Cand *c = e->cands + st->chain, *stop = c + st->n_chain; c < stop; c++)
+        if (c->rlen == 0 || (uint32_t)last[end - c->rlen - base] - c->lo < c->span) return c->node;
     return -1; /* unreachable for a consistent vocabulary */
 }
 
@@ -185,6 +185,7 @@ static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_
 static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0) return -1;
     int32_t *last = e->last.data;
+    last[0] = 0;
     Py_ssize_t end = 0;
     int32_t state = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -193,16 +194,16 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         end++;
         int32_t u = last_token(e, last, 0, end, state);
         if (u < 0) {
-            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no compatible candidate (inconsistent vocabulary)");
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             return -1;
         }
         last[end] = u;
     }
     Py_ssize_t count = 0;
-    for (Py_ssize_t p = end; p > 0; p -= e->length[last[p]]) count++;
+    for (Py_ssize_t p = end; p > 0; p -= e->nodes[last[p]].len) count++;
     if (buf_reserve(out, out->len + count) < 0) return -1;
     Py_ssize_t k = out->len + count;
-    for (Py_ssize_t p = end; p > 0; p -= e->length[last[p]]) out->data[--k] = last[p];
+    for (Py_ssize_t p = end; p > 0; p -= e->nodes[last[p]].len) out->data[--k] = e->node_token[last[p]];
     out->len += count;
     return 0;
 }
@@ -341,34 +342,36 @@ static int32_t *int_array(PyObject *seq, Py_ssize_t n, const char *name) {
     return out;
 }
 
-static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *reachable) {
+static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *node_of) {
     Py_ssize_t total = 1;
     for (int32_t t = 0; t < e->n_tokens; t++)
-        if (reachable[t]) total += e->length[t];
+        if (node_of[t] > 0) total += e->length[t];
+    if (total >= (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: the vocabulary needs more than 2**24 automaton states");
+        return -1;
+    }
     /* trie, with children kept as linked lists for the breadth-first pass */
     int32_t *first_child = PyMem_Malloc(total * sizeof(int32_t));
     int32_t *next_sibling = PyMem_Malloc(total * sizeof(int32_t));
     uint8_t *edge = PyMem_Malloc(total);
-    e->token_at = PyMem_Malloc(total * sizeof(int32_t));
-    e->depth = PyMem_Malloc(total * sizeof(int32_t));
-    e->fail = PyMem_Malloc(total * sizeof(int32_t));
-    e->dict_link = PyMem_Malloc(total * sizeof(int32_t));
     int32_t *queue = PyMem_Malloc(total * sizeof(int32_t));
-    if (!first_child || !next_sibling || !edge || !e->token_at || !e->depth || !e->fail || !e->dict_link || !queue ||
-        map_init(&e->gotos, total) < 0) {
+    e->states = PyMem_Malloc(total * sizeof(State));
+    e->shallow = PyMem_Malloc(257 * 256 * sizeof(int32_t));
+    int rc = -1;
+    if (!first_child || !next_sibling || !edge || !queue || !e->states || !e->shallow || map_init(&e->gotos, total) < 0) {
         PyErr_NoMemory();
-        return -1;
+        goto done;
     }
+    State *st = e->states;
     int32_t n_states = 1;
     first_child[0] = -1;
-    e->token_at[0] = -1;
-    e->depth[0] = 0;
+    st[0] = (State){0, -1, -1, 0, 0, 0, 0};
     for (int32_t t = 0; t < e->n_tokens; t++) {
-        if (!reachable[t] || e->length[t] == 0) continue;
+        if (node_of[t] <= 0 || e->length[t] == 0) continue;
         int32_t node = 0;
         for (int32_t k = 0; k < e->length[t]; k++) {
             uint8_t b = bytes[offset[t] + k];
-            uint64_t key = ((uint64_t)node << 8) | b;
+            uint32_t key = ((uint32_t)node << 8) | b;
             int32_t child = map_get(&e->gotos, key, -1);
             if (child < 0) {
                 child = n_states++;
@@ -377,53 +380,85 @@ static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offse
                 next_sibling[child] = first_child[node];
                 first_child[node] = child;
                 edge[child] = b;
-                e->token_at[child] = -1;
-                e->depth[child] = e->depth[node] + 1;
+                st[child] = (State){0, -1, -1, (int16_t)(st[node].depth + 1), -1, 0, 0};
             }
             node = child;
         }
-        e->token_at[node] = t;
+        st[node].node = node_of[t];
     }
     e->n_states = n_states;
     for (int b = 0; b < 256; b++) {
-        int32_t c = map_get(&e->gotos, (uint64_t)b, -1);
-        e->root_goto[b] = c < 0 ? 0 : c;
+        int32_t c = map_get(&e->gotos, (uint32_t)b, -1);
+        e->shallow[b] = c < 0 ? 0 : c;
     }
     Py_ssize_t head = 0, tail = 0;
-    e->fail[0] = 0;
-    e->dict_link[0] = -1;
+    int16_t rows = 1;
     for (int32_t c = first_child[0]; c >= 0; c = next_sibling[c]) {
-        e->fail[c] = 0;
-        e->dict_link[c] = -1;
+        st[c].fail = 0;
+        st[c].link = -1;
+        st[c].row = rows;
+        int32_t *row = e->shallow + ((size_t)rows++ << 8);
+        for (int b = 0; b < 256; b++) {
+            int32_t g = map_get(&e->gotos, ((uint32_t)c << 8) | b, -1);
+            row[b] = g >= 0 ? g : e->shallow[b];
+        }
         queue[tail++] = c;
     }
     while (head < tail) {
         int32_t node = queue[head++];
         for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
-            int32_t f = e->fail[node];
+            int32_t f = st[node].fail;
             int32_t target;
             for (;;) {
-                target = f ? map_get(&e->gotos, ((uint64_t)f << 8) | edge[c], -1) : e->root_goto[edge[c]];
+                target = f ? map_get(&e->gotos, ((uint32_t)f << 8) | edge[c], -1) : e->shallow[edge[c]];
                 if (target >= 0 || f == 0) break;
-                f = e->fail[f];
+                f = st[f].fail;
             }
             if (target < 0 || target == c) target = 0;
-            e->fail[c] = target;
-            e->dict_link[c] = e->token_at[target] >= 0 ? target : e->dict_link[target];
+            st[c].fail = target;
+            st[c].link = st[target].node >= 0 ? target : st[target].link;
             queue[tail++] = c;
         }
     }
+    /* flat candidate runs: one per token state, shared by the states whose longest token suffix it is */
+    Py_ssize_t n_cands = 0;
+    for (int32_t k = 1; k < n_states; k++)
+        if (st[k].node >= 0)
+            for (int32_t t = k; t > 0; t = st[t].link) n_cands++;
+    e->cands = PyMem_Malloc((n_cands ? n_cands : 1) * sizeof(Cand));
+    if (!e->cands) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    n_cands = 0;
+    for (int32_t k = 1; k < n_states; k++) {
+        if (st[k].node < 0) continue;
+        st[k].chain = (int32_t)n_cands;
+        for (int32_t t = k; t > 0; t = st[t].link) {
+            const Node *n = &e->nodes[st[t].node];
+            e->cands[n_cands++] = (Cand){n->lo, n->span, n->rlen, st[t].node};
+        }
+        st[k].n_chain = (int32_t)(n_cands - st[k].chain);
+    }
+    for (int32_t k = 1; k < n_states; k++) {
+        if (st[k].node >= 0 || st[k].link <= 0) continue;
+        st[k].chain = st[st[k].link].chain;
+        st[k].n_chain = st[st[k].link].n_chain;
+    }
+    rc = 0;
+done:
     PyMem_Free(first_child);
     PyMem_Free(next_sibling);
     PyMem_Free(edge);
     PyMem_Free(queue);
-    return 0;
+    return rc;
 }
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
-    PyObject *bytes_obj, *lengths, *ranks, *lefts, *rights, *reach, *byte_tok;
+    PyObject *bytes_obj, *lengths, *node_of_seq, *node_token, *rlens, *los, *his, *byte_tok;
     Py_buffer classes;
-    if (!PyArg_ParseTuple(args, "SOOOOOOy*", &bytes_obj, &lengths, &ranks, &lefts, &rights, &reach, &byte_tok, &classes))
+    if (!PyArg_ParseTuple(args, "SOOOOOOOy*", &bytes_obj, &lengths, &node_of_seq, &node_token, &rlens, &los, &his,
+                          &byte_tok, &classes))
         return -1;
     if (classes.len != 0x110000) {
         PyBuffer_Release(&classes);
@@ -438,20 +473,27 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     }
     memcpy(e->classes, classes.buf, 0x110000);
     PyBuffer_Release(&classes);
-    Py_ssize_t n = PySequence_Size(lengths);
-    if (n < 0) return -1;
+    Py_ssize_t n = PySequence_Size(lengths), m = PySequence_Size(node_token);
+    if (n < 0 || m < 0) return -1;
     e->n_tokens = (int32_t)n;
-    int32_t *reachable = NULL, *offset = NULL, *bt = NULL;
+    e->n_nodes = (int32_t)m;
+    int32_t *node_of = NULL, *offset = NULL, *bt = NULL, *rlen = NULL, *lo = NULL, *hi = NULL;
     int rc = -1;
-    if (!(e->length = int_array(lengths, n, "lengths")) || !(e->rank = int_array(ranks, n, "rank")) ||
-        !(e->left = int_array(lefts, n, "left")) || !(e->right = int_array(rights, n, "right")) ||
-        !(reachable = int_array(reach, n, "reachable")) || !(bt = int_array(byte_tok, 256, "byte_token")))
+    if (!(e->length = int_array(lengths, n, "lengths")) || !(node_of = int_array(node_of_seq, n, "node_of")) ||
+        !(e->node_token = int_array(node_token, m, "node_token")) || !(rlen = int_array(rlens, m, "right_len")) ||
+        !(lo = int_array(los, m, "lo")) || !(hi = int_array(his, m, "hi")) ||
+        !(bt = int_array(byte_tok, 256, "byte_token")))
         goto done;
     memcpy(e->byte_token, bt, sizeof(e->byte_token));
+    e->nodes = PyMem_Malloc((m ? m : 1) * sizeof(Node));
     offset = PyMem_Malloc((n ? n : 1) * sizeof(int32_t));
-    if (!offset) {
+    if (!e->nodes || !offset) {
         PyErr_NoMemory();
         goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int32_t t = e->node_token[k];
+        e->nodes[k] = (Node){(uint32_t)lo[k], (uint32_t)(hi[k] - lo[k]), rlen[k], t >= 0 && t < n ? e->length[t] : 0};
     }
     Py_ssize_t total = 0;
     for (Py_ssize_t t = 0; t < n; t++) {
@@ -462,16 +504,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Engine: token bytes do not match the lengths");
         goto done;
     }
-    Py_ssize_t n_merges = 0;
-    for (Py_ssize_t t = 0; t < n; t++) n_merges += e->rank[t] != NO_RANK;
-    if (map_init(&e->merges, n_merges) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t t = 0; t < n; t++)
-        if (e->rank[t] != NO_RANK)
-            map_put(&e->merges, ((uint64_t)(uint32_t)e->left[t] << 32) | (uint32_t)e->right[t], e->rank[t]);
-    if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, reachable) < 0) goto done;
+    if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of) < 0) goto done;
     e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
     if (!e->cache) {
         PyErr_NoMemory();
@@ -479,23 +512,23 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     }
     rc = 0;
 done:
-    PyMem_Free(reachable);
+    PyMem_Free(node_of);
     PyMem_Free(offset);
     PyMem_Free(bt);
+    PyMem_Free(rlen);
+    PyMem_Free(lo);
+    PyMem_Free(hi);
     return rc;
 }
 
 static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->length);
-    PyMem_Free(e->rank);
-    PyMem_Free(e->left);
-    PyMem_Free(e->right);
-    map_free(&e->merges);
+    PyMem_Free(e->node_token);
+    PyMem_Free(e->nodes);
     map_free(&e->gotos);
-    PyMem_Free(e->fail);
-    PyMem_Free(e->token_at);
-    PyMem_Free(e->dict_link);
-    PyMem_Free(e->depth);
+    PyMem_Free(e->states);
+    PyMem_Free(e->cands);
+    PyMem_Free(e->shallow);
     PyMem_Free(e->classes);
     PyMem_Free(e->last.data);
     PyMem_Free(e->cache);
@@ -518,16 +551,16 @@ static int eager_reset(EagerWord *w) {
     w->end = w->base = w->root = w->window = 0;
     w->scan = 1;
     w->last.len = w->refs.len = 0;
-    if (buf_push(&w->last, -1) < 0 || buf_push(&w->refs, 1) < 0) return -1;
+    if (buf_push(&w->last, 0) < 0 || buf_push(&w->refs, 1) < 0) return -1;
     return 0;
 }
 
 static void eager_release(EagerWord *w, Py_ssize_t pos) {
-    const int32_t *length = w->engine->length;
+    const Node *nodes = w->engine->nodes;
     for (;;) {
         int32_t *r = &w->refs.data[pos - w->base];
         if (--*r || pos <= w->root) return;
-        pos -= length[w->last.data[pos - w->base]];
+        pos -= nodes[w->last.data[pos - w->base]].len;
     }
 }
 
@@ -535,7 +568,7 @@ static int eager_emit(EagerWord *w, IntBuf *out) {
     while (w->root < w->window && w->refs.data[w->root - w->base] == 1) {
         Py_ssize_t pos = w->scan > w->root + 1 ? w->scan : w->root + 1;
         while (w->refs.data[pos - w->base] == 0) pos++;
-        if (buf_push(out, w->last.data[pos - w->base]) < 0) return -1;
+        if (buf_push(out, w->engine->node_token[w->last.data[pos - w->base]]) < 0) return -1;
         w->root = pos;
         w->scan = pos + 1;
     }
@@ -562,12 +595,12 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
         w->end++;
         int32_t u = last_token(e, w->last.data, w->base, w->end, w->state);
         if (u < 0) {
-            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no compatible candidate (inconsistent vocabulary)");
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             goto fail;
         }
         if (buf_push(&w->last, u) < 0 || buf_push(&w->refs, 1) < 0) goto fail;
-        w->refs.data[w->end - e->length[u] - w->base] += 1;
-        Py_ssize_t window = w->end - e->depth[w->state];
+        w->refs.data[w->end - e->nodes[u].len - w->base] += 1;
+        Py_ssize_t window = w->end - e->states[w->state].depth;
         for (Py_ssize_t pos = w->window; pos < window; pos++) eager_release(w, pos);
         w->window = window;
         if (eager_emit(w, &out) < 0) goto fail;
@@ -583,14 +616,14 @@ fail:
 }
 
 static PyObject *EagerWord_finish(EagerWord *w, PyObject *Py_UNUSED(ignored)) {
-    const int32_t *length = w->engine->length;
+    const Node *nodes = w->engine->nodes;
     Py_ssize_t count = 0;
-    for (Py_ssize_t p = w->end; p > w->root; p -= length[w->last.data[p - w->base]]) count++;
+    for (Py_ssize_t p = w->end; p > w->root; p -= nodes[w->last.data[p - w->base]].len) count++;
     PyObject *list = PyList_New(count);
     if (!list) return NULL;
     Py_ssize_t k = count;
-    for (Py_ssize_t p = w->end; p > w->root; p -= length[w->last.data[p - w->base]]) {
-        PyObject *v = PyLong_FromLong(w->last.data[p - w->base]);
+    for (Py_ssize_t p = w->end; p > w->root; p -= nodes[w->last.data[p - w->base]].len) {
+        PyObject *v = PyLong_FromLong(w->engine->node_token[w->last.data[p - w->base]]);
         if (!v) {
             Py_DECREF(list);
             return NULL;
@@ -641,21 +674,10 @@ static PyObject *Engine_eager_word(Engine *e, PyObject *Py_UNUSED(ignored)) {
     return (PyObject *)w;
 }
 
-static PyObject *Engine_compatible(Engine *e, PyObject *args) {
-    int a, b;
-    if (!PyArg_ParseTuple(args, "ii", &a, &b)) return NULL;
-    if (a < 0 || b < 0 || a >= e->n_tokens || b >= e->n_tokens) {
-        PyErr_SetString(PyExc_IndexError, "Engine.compatible: token id out of range");
-        return NULL;
-    }
-    return PyBool_FromLong(compatible(e, a, b));
-}
-
 static PyMethodDef Engine_methods[] = {
     {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text with no added tokens."},
     {"encode_word", (PyCFunction)Engine_encode_word, METH_O, "BPE of one pre-token's bytes."},
     {"eager_word", (PyCFunction)Engine_eager_word, METH_NOARGS, "A new EagerWord."},
-    {"compatible", (PyCFunction)Engine_compatible, METH_VARARGS, "BPE(bytes(a) + bytes(b)) == [a, b]."},
     {NULL, NULL, 0, NULL},
 };
 

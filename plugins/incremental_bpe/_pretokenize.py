@@ -21,6 +21,7 @@ chars that are certain, so BPE can start on a long pre-token before it ends.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 
 from paretolab.plugins.incremental_bpe._unicode_classes import (
@@ -172,30 +173,49 @@ def pretokenize(text: str) -> list[str]:
 
 
 class SpecialSplitter:
-    """Finds added tokens in raw text the way `tokenizers` does: leftmost, then longest."""
+    """Finds added tokens in raw text the way `tokenizers` does: leftmost, then longest.
+
+    One ``str.find`` per added token, re-run only when a match passes its last hit: linear in
+    the text for each token, so runs of a token's first character (``"<" * 20000``) cost no
+    more than any other text (an alternation regex retries every token at every ``<``).
+    """
 
     def __init__(self, specials: list[SpecialToken]) -> None:
         self._ids = {s.content: s.id for s in specials if s.content}
-        ordered = sorted(self._ids, key=len, reverse=True)  # longest first = leftmost-longest
-        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._ordered = sorted(self._ids, key=len, reverse=True)  # longest first: a tie at one start keeps the longest
         self._prefixes = {s[:k] for s in self._ids for k in range(1, len(s))}
         self._longest = max(map(len, self._ids), default=0)
 
     @property
     def active(self) -> bool:
-        return self._pattern is not None
+        return bool(self._ordered)
+
+    def matches(self, text: str) -> Iterator[tuple[int, int, int]]:
+        """``(start, end, id)`` of every added token in ``text``, leftmost-longest, non-overlapping."""
+        hits = {s: text.find(s) for s in self._ordered}
+        at = 0
+        while True:
+            best, best_at = "", -1
+            for s in self._ordered:
+                i = hits[s]
+                if 0 <= i < at:
+                    i = hits[s] = text.find(s, at)
+                if i >= 0 and (best_at < 0 or i < best_at):
+                    best, best_at = s, i
+            if best_at < 0:
+                return
+            at = best_at + len(best)
+            yield best_at, at, self._ids[best]
 
     def split(self, text: str) -> list[str | int]:
         """Text pieces and special-token ids, in order (empty text pieces left out)."""
-        if self._pattern is None:
-            return [text] if text else []
         parts: list[str | int] = []
         at = 0
-        for m in self._pattern.finditer(text):
-            if m.start() > at:
-                parts.append(text[at : m.start()])
-            parts.append(self._ids[m.group()])
-            at = m.end()
+        for start, end, tid in self.matches(text):
+            if start > at:
+                parts.append(text[at:start])
+            parts.append(tid)
+            at = end
         if at < len(text):
             parts.append(text[at:])
         return parts
@@ -205,13 +225,11 @@ class SpecialSplitter:
         still become one (then ``id`` is None and ``end == len(text)``); ``(len, len, None)``
         when neither occurs."""
         n = len(text)
-        if self._pattern is None:
-            return n, n, None
-        m = self._pattern.search(text)
-        full_at = m.start() if m else n
+        m = next(self.matches(text), None)
+        full_at = m[0] if m else n
         for p in range(max(0, n - self._longest + 1), min(full_at + 1, n)):
             if text[p:] in self._prefixes:
                 return p, n, None  # a longer or earlier added token may still be completed
         if m:
-            return m.start(), m.end(), self._ids[m.group()]
+            return m
         return n, n, None

@@ -1,15 +1,14 @@
 """Incremental BPE of one pre-token, in plain Python: the readable reference for the C fast path.
 
-For every prefix end ``i`` of a word we keep ``last[i]``, the last token of BPE(word[:i]). Then
-BPE(word[:i]) is the chain ``last[i]``, ``last[i - len(last[i])]``, ... back to 0, because BPE is
-closed under cutting at its own token boundaries (merges never cross a final boundary, so the
-prefix replays exactly its own merges). Conversely, if ``u`` is a token that ends at ``i``, that
-BPE can produce whole, and that is *compatible* with ``last[i - len(u)]`` (BPE of the pair is the
-pair), then BPE(word[:i]) ends with ``u``: the seam never merges. Since BPE is deterministic,
-exactly one candidate passes, so ``last[i]`` is found by trying the tokens ending at ``i``,
-longest first (the usual winner). An Aho–Corasick automaton over the vocabulary lists them:
-its state is the longest suffix that is a prefix of some token, and dictionary links walk the
-tokens that are suffixes of it.
+For every prefix end ``i`` of a word we keep ``last[i]``, the last token of BPE(word[:i]) as a
+node of the suffix forest (``_forest.py``). Then BPE(word[:i]) is the chain ``last[i]``,
+``last[i - len(last[i])]``, ... back to 0, because BPE is closed under cutting at its own token
+boundaries (merges never cross a final boundary, so the prefix replays exactly its own merges).
+``last[i]`` is the longest token ending at ``i`` that passes the forest's interval test
+(``SuffixForest.ends_here``: one lookup of ``last`` and two comparisons). An Aho–Corasick
+automaton over the vocabulary lists the candidates: its state is the longest suffix that is a
+prefix of some token, and dictionary links walk the tokens that are suffixes of it, longest
+first. Work per byte: one amortised automaton step plus at most ``max_candidates`` tests.
 
 Eager output (``EagerWord``): a token can still change only if a future token could start
 before its end. Future tokens start inside the *window* ``[i - depth(state), i]`` (``depth`` is
@@ -18,18 +17,19 @@ the length of the automaton's state). Every position in the window keeps its cha
 their chain, dead chains are freed at once. When the last emitted boundary (the root) is out of
 the window and has a single live child, every possible future chain goes through that child:
 its token is final. Each position is created, released and emitted once: amortised O(1) work
-per byte besides the candidate checks.
+per byte besides the candidate tests.
 """
 
 from __future__ import annotations
 
+from paretolab.plugins.incremental_bpe._forest import SuffixForest, build_forest
 from paretolab.plugins.incremental_bpe._vocab import BPETables
 
 
 class Automaton:
-    """Aho–Corasick automaton over the bytes of every reachable token."""
+    """Aho–Corasick automaton over the bytes of every reachable token; ``token`` holds forest nodes."""
 
-    def __init__(self, tables: BPETables) -> None:
+    def __init__(self, tables: BPETables, forest: SuffixForest) -> None:
         self.children: list[dict[int, int]] = [{}]
         self.token: list[int] = [-1]  # token whose bytes equal this state's string
         self.depth: list[int] = [0]
@@ -46,7 +46,7 @@ class Automaton:
                     self.token.append(-1)
                     self.depth.append(self.depth[node] + 1)
                 node = nxt
-            self.token[node] = tid
+            self.token[node] = forest.node_of[tid]
         self.fail = [0] * len(self.children)
         self.dict_link = [-1] * len(self.children)  # longest proper suffix state that is a token
         order = list(self.children[0].values())
@@ -69,7 +69,7 @@ class Automaton:
         return children[state].get(byte, 0)
 
     def tokens_ending_here(self, state: int) -> list[int]:
-        """Every token that is a suffix of the text read so far, longest first."""
+        """Every token (as a forest node) that is a suffix of the text read so far, longest first."""
         out = []
         node = state if self.token[state] >= 0 else self.dict_link[state]
         while node > 0:
@@ -83,21 +83,23 @@ class ReferenceBPE:
 
     def __init__(self, tables: BPETables) -> None:
         self.tables = tables
-        self.automaton = Automaton(tables)
-        self.length = [len(b) for b in tables.token_bytes]
+        self.forest = build_forest(tables)
+        self.automaton = Automaton(tables, self.forest)
+        self.length = self.forest.length  # by node
+        self.tests = 0  # interval tests made so far (the per-byte bound is checked on this)
 
-    def last_token(self, last: list[int], end: int, state: int) -> int:
-        """The last token of BPE(word[:end]) given ``last`` for every shorter prefix."""
+    def last_token(self, last: list[int] | _Shifted, end: int, state: int) -> int:
+        """The node of the last token of BPE(word[:end]) given ``last`` for every shorter prefix."""
         for u in self.automaton.tokens_ending_here(state):
-            start = end - self.length[u]
-            if start == 0 or self.tables.compatible(last[start], u):
+            self.tests += 1
+            if self.forest.ends_here(u, last, end):
                 return u
-        raise AssertionError("no candidate is compatible: the vocabulary breaks BPE's invariants")
+        raise AssertionError("no candidate passes: the vocabulary breaks BPE's invariants")
 
     def encode_word(self, word: bytes) -> list[int]:
         """BPE of one pre-token (its raw bytes)."""
         byte_token = self.tables.byte_token
-        last = [-1]
+        last = [0]
         state = 0
         for b in word:
             if byte_token[b] < 0:
@@ -107,7 +109,7 @@ class ReferenceBPE:
         out = []
         end = len(last) - 1
         while end > 0:
-            out.append(last[end])
+            out.append(self.forest.token[last[end]])
             end -= self.length[last[end]]
         return out[::-1]
 
@@ -126,7 +128,7 @@ class EagerWord:
         self._state = 0
         self._end = 0  # bytes in the word so far (after dropping unknown bytes)
         self._base = 0  # position of _last[0] / _refs[0]
-        self._last = [-1]  # last token of BPE(word[:pos]) at index pos - base
+        self._last = [0]  # node of the last token of BPE(word[:pos]) at index pos - base
         self._refs = [1]  # live children + 1 if the position is in the window
         self._root = 0  # last emitted boundary
         self._window = 0  # left end of the window
@@ -162,7 +164,7 @@ class EagerWord:
         pos = self._end
         while pos > self._root:
             u = self._last[pos - base]
-            out.append(u)
+            out.append(self._bpe.forest.token[u])
             pos -= length[u]
         self._reset()
         return out[::-1]
@@ -181,7 +183,7 @@ class EagerWord:
             pos = max(self._scan, self._root + 1)
             while refs[pos - base] == 0:
                 pos += 1
-            out.append(self._last[pos - base])
+            out.append(self._bpe.forest.token[self._last[pos - base]])
             self._root, self._scan = pos, pos + 1
         if self._root - base > 4096 and self._root - base > len(self._last) // 2:
             cut = self._root - base  # forget emitted positions (keeps memory bounded on long words)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from paretolab.errors import ConfigError
+from paretolab.plugins.incremental_bpe._forest import build_forest
 from paretolab.plugins.incremental_bpe._pretokenize import (
     END,
     Scanner,
@@ -47,13 +48,15 @@ class _PythonEngine:
 def _c_engine(tables: BPETables) -> Any:
     from paretolab.plugins.incremental_bpe import _fast  # type: ignore[attr-defined]
 
+    forest = build_forest(tables)
     return _fast.Engine(
         b"".join(tables.token_bytes),
         [len(b) for b in tables.token_bytes],
-        tables.rank,
-        tables.left,
-        tables.right,
-        [int(r) for r in tables.reachable],
+        forest.node_of,
+        forest.token,
+        forest.right_len,
+        forest.lo,
+        forest.hi,
         tables.byte_token,
         bytes(char_classes()),
     )

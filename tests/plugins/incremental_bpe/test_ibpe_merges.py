@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paretolab.plugins.incremental_bpe import IncrementalBPE
+from paretolab.plugins.incremental_bpe._forest import build_forest
 from paretolab.plugins.incremental_bpe._reference import ReferenceBPE
 from paretolab.plugins.incremental_bpe._vocab import (
     BPETables,
@@ -37,18 +38,67 @@ def _pair_sample(tables: BPETables, n: int, seed: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def test_compatible_means_the_pair_retokenizes_to_itself(tok_py: IncrementalBPE, tok_c: IncrementalBPE) -> None:
+def test_compatible_means_the_pair_retokenizes_to_itself(tok_py: IncrementalBPE) -> None:
     tables = tok_py.tables
-    engine = tok_c._engine
     disagree = []
     n_compatible = 0
     for a, b in _pair_sample(tables, 3000, seed=0):
         truth = bpe_by_merging(tables, tables.token_bytes[a] + tables.token_bytes[b]) == [a, b]
         n_compatible += truth
-        if tables.compatible(a, b) != truth or engine.compatible(a, b) != truth:
+        if tables.compatible(a, b) != truth:
             disagree.append((a, b))
     assert not disagree
     assert 1000 < n_compatible < 14000  # the sample has both kinds
+
+
+def _forest_disagreements(tables: BPETables, texts: list[bytes]) -> tuple[list[tuple[bytes, int]], int]:
+    """Check the suffix forest's interval test against merging, for every token ending each text.
+
+    The tokens that ever sit at the end of BPE(text) are the final last token ``f`` and its right
+    spine (``right[f]``, ``right[right[f]]``, ...): the end only grows by merging with its left
+    neighbour. The test must pass exactly for those, given the true last token of every prefix.
+    """
+    forest = build_forest(tables)
+    bad, n_pass = [], 0
+    for text in texts:
+        node_at = [0] + [forest.node_of[bpe_by_merging(tables, text[:j])[-1]] for j in range(1, len(text) + 1)]
+        spine, t = set(), bpe_by_merging(tables, text)[-1]
+        while t >= 0:
+            spine.add(t)
+            t = tables.right[t]
+        for k in range(len(text)):
+            for tid in _tokens_with_bytes(tables, text[k:]):
+                ok = forest.ends_here(forest.node_of[tid], node_at, len(text))
+                n_pass += ok
+                if ok != (tid in spine):
+                    bad.append((text, tid))
+    return bad, n_pass
+
+
+def _tokens_with_bytes(tables: BPETables, data: bytes) -> list[int]:
+    return [t for t in _by_bytes(tables).get(data, []) if tables.reachable[t]]
+
+
+_BY_BYTES: dict[int, dict[bytes, list[int]]] = {}
+
+
+def _by_bytes(tables: BPETables) -> dict[bytes, list[int]]:
+    if id(tables) not in _BY_BYTES:
+        index: dict[bytes, list[int]] = {}
+        for t, data in enumerate(tables.token_bytes):
+            index.setdefault(data, []).append(t)
+        _BY_BYTES[id(tables)] = index
+    return _BY_BYTES[id(tables)]
+
+
+def test_forest_test_passes_exactly_for_the_tokens_that_reach_the_end(tok_py: IncrementalBPE) -> None:
+    tables = tok_py.tables
+    pairs = _pair_sample(tables, 300, seed=1)
+    texts = [tables.token_bytes[a] + tables.token_bytes[b] for a, b in pairs]
+    texts += [b"-" * n for n in range(1, 70)] + [b"nnn", b"aaaa", b"    x", b"<<<<", b"0000000"]
+    bad, n_pass = _forest_disagreements(tables, texts)
+    assert not bad, bad[:5]
+    assert n_pass > len(texts)  # more than one token per text reached the end: spines were walked
 
 
 # --- random small vocabularies: stress the seam rule far beyond one real vocabulary ---
