@@ -7,8 +7,11 @@
  *
  * Read _reference.py first: every function here mirrors one there, comments say only what is
  * C-specific. Positions hold suffix-forest nodes (_forest.py), not token ids: the test of a
- * candidate is one load and one unsigned comparison. Tables are plain int32 arrays; the
- * automaton's goto function is an open-addressing hash table keyed by 64-bit integers.
+ * candidate is one load and one unsigned comparison. Where the time goes on a fresh engine is
+ * cache misses, so the layout is for them: the automaton is a double array (a transition reads
+ * the child's own record; the root and depth-1 states have resolved 256-wide rows), each state
+ * carries its first candidate inline and the rest sit in one contiguous run, and results are
+ * lists of shared int objects (no allocation per token). The hash map only builds the trie.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -96,15 +99,13 @@ static inline int buf_push(IntBuf *b, int32_t v) {
     return 0;
 }
 
-static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from) {
+/* a list of token ids, sharing the engine's int objects (no allocation per token) */
+static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from, PyObject *const *ints) {
     PyObject *list = PyList_New(b->len - from);
     if (!list) return NULL;
     for (Py_ssize_t i = from; i < b->len; i++) {
-        PyObject *v = PyLong_FromLong(b->data[i]);
-        if (!v) {
-            Py_DECREF(list);
-            return NULL;
-        }
+        PyObject *v = ints[b->data[i]];
+        Py_INCREF(v);
         PyList_SET_ITEM(list, i - from, v);
     }
     return list;
@@ -117,32 +118,36 @@ typedef struct {
 } Node;
 
 typedef struct {
-    int32_t fail;
-    int32_t node;  /* the state's string as a token (a forest node), or -1 */
-    int32_t link;  /* dictionary link: the longest proper suffix state that is a token, -1 if none */
-    int16_t depth; /* length of the state's string */
-    int16_t row;   /* row in shallow[] (root 0, depth-1 states 1..256), -1 deeper */
-    int32_t chain; /* the candidates (tokens that are suffixes of the state, longest first) start at cands[chain] */
-    int32_t n_chain;
-} State;
-
-typedef struct {
     uint32_t lo, span;
     int32_t rlen, node;
 } Cand; /* a candidate's test inline, so the scan reads one contiguous run */
+
+/* A state of the Aho-Corasick automaton, stored as a double array: its children sit at
+ * base + byte and name it in check, so a transition reads the child's own record (no hash). */
+typedef struct {
+    int32_t base, check; /* check: the parent's position; FREE for an unused slot */
+    int32_t fail;
+    int32_t chain;       /* candidates (tokens that are suffixes of the state, longest first): cands[chain..] */
+    uint32_t lo, span;   /* cands[chain] inline (usually the winner, read with the state itself) */
+    int32_t node;
+    uint8_t rlen, depth, n_chain, pad; /* lengths <= 255 (checked at build) */
+} State;
+
+#define FREE (-1)
+
 
 typedef struct {
     PyObject_HEAD
     int32_t n_tokens, n_nodes;
     int32_t *length;     /* by token id (automaton build) */
     int32_t *node_token; /* by node */
+    PyObject **ints;     /* by token id: the int object returned for it */
     Node *nodes;
     int32_t byte_token[256];
-    Map gotos;      /* (state << 8 | byte) -> child state */
-    int32_t n_states;
+    int32_t n_slots, root_base;
     State *states;
     Cand *cands;
-    int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved, for the root and depth-1 states */
+    int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved: row 0 the root, 1 + b the state "b" */
     uint8_t *classes;       /* 0x110000 entries */
     IntBuf last;            /* scratch for encode_word */
     struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
@@ -165,10 +170,11 @@ static inline uint32_t word_hash(const uint8_t *w, Py_ssize_t n) {
 
 static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
     for (;;) {
+        if (s == 0) return e->shallow[b];
         const State *st = &e->states[s];
-        if (st->row >= 0) return e->shallow[((size_t)st->row << 8) | b];
-        int32_t t = map_get(&e->gotos, ((uint32_t)s << 8) | b, -1);
-        if (t >= 0) return t;
+        if (st->check == 0) return e->shallow[((size_t)(s - e->root_base + 1) << 8) | b];
+        int32_t t = st->base + b;
+        if (t >= 0 && t < e->n_slots && e->states[t].check == s) return t;
         s = st->fail;
     }
 }
@@ -176,7 +182,8 @@ static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
 /* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
 static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state) {
     const State *st = &e->states[state];
-    for (const Cand *c = e->cands + st->chain, *stop = c + st->n_chain; c < stop; c++)
+    if (st->rlen == 0 || (uint32_t)last[end - st->rlen - base] - st->lo < st->span) return st->node;
+    for (const Cand *c = e->cands + st->chain, *stop = c + st->n_chain; ++c < stop;)
         if (c->rlen == 0 || (uint32_t)last[end - c->rlen - base] - c->lo < c->span) return c->node;
     return -1; /* unreachable for a consistent vocabulary */
 }
@@ -298,7 +305,7 @@ static PyObject *Engine_encode_text(Engine *e, PyObject *arg) {
         }
         i = end;
     }
-    PyObject *list = buf_to_list(&out, 0);
+    PyObject *list = buf_to_list(&out, 0, e->ints);
     PyMem_Free(out.data);
     return list;
 }
@@ -309,7 +316,7 @@ static PyObject *Engine_encode_word(Engine *e, PyObject *arg) {
     IntBuf out = {0};
     int rc = bpe_word(e, view.buf, view.len, &out);
     PyBuffer_Release(&view);
-    PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0);
+    PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0, e->ints);
     PyMem_Free(out.data);
     return list;
 }
@@ -342,115 +349,185 @@ static int32_t *int_array(PyObject *seq, Py_ssize_t n, const char *name) {
     return out;
 }
 
+/* Trie and automaton in trie numbering (build time only); then laid out as a double array. */
+typedef struct {
+    int32_t fail, node, link, first_child, next_sibling, chain, n_chain;
+    int32_t depth;
+    uint8_t edge;
+} TrieNode;
+
+static int32_t trie_child(const Map *gotos, int32_t v, uint8_t b) { return map_get(gotos, ((uint32_t)v << 8) | b, -1); }
+
+/* the double-array position of every trie node, children placed breadth-first at base + byte */
+static int layout(Engine *e, TrieNode *tn, const int32_t *order, int32_t n, int32_t *pos) {
+    Py_ssize_t cap = 2 * (Py_ssize_t)n + 1024;
+    State *da = PyMem_Malloc(cap * sizeof(State));
+    if (!da) return -1;
+    for (Py_ssize_t k = 0; k < cap; k++) da[k].check = FREE;
+    da[0].check = -2; /* the root: taken, parent of nobody's check by accident */
+    pos[0] = 0;
+    Py_ssize_t first_free = 1, used = 1;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t v = order[k];
+        State *sv = &da[pos[v]];
+        sv->base = 0;
+        if (tn[v].first_child < 0) continue;
+        int lo_b = 256;
+        for (int32_t c = tn[v].first_child; c >= 0; c = tn[c].next_sibling)
+            if (tn[c].edge < lo_b) lo_b = tn[c].edge;
+        for (Py_ssize_t p = first_free;; p++) {
+            if (p + 256 >= cap) {
+                Py_ssize_t grown = 2 * cap;
+                State *d = PyMem_Realloc(da, grown * sizeof(State));
+                if (!d) {
+                    PyMem_Free(da);
+                    return -1;
+                }
+                for (Py_ssize_t q = cap; q < grown; q++) d[q].check = FREE;
+                da = d, cap = grown;
+                sv = &da[pos[v]];
+            }
+            if (da[p].check != FREE) continue;
+            Py_ssize_t base = p - lo_b;
+            int fits = 1;
+            for (int32_t c = tn[v].first_child; c >= 0 && fits; c = tn[c].next_sibling)
+                fits = da[base + tn[c].edge].check == FREE;
+            if (!fits) continue;
+            sv->base = (int32_t)base;
+            for (int32_t c = tn[v].first_child; c >= 0; c = tn[c].next_sibling) {
+                pos[c] = (int32_t)(base + tn[c].edge);
+                da[pos[c]].check = pos[v];
+                if (pos[c] + 1 > used) used = pos[c] + 1;
+            }
+            break;
+        }
+        while (da[first_free].check != FREE) first_free++;
+    }
+    for (int32_t v = 0; v < n; v++) {
+        State *sv = &da[pos[v]];
+        sv->fail = pos[tn[v].fail];
+        sv->chain = tn[v].chain;
+        sv->n_chain = (uint8_t)tn[v].n_chain;
+        sv->depth = (uint8_t)tn[v].depth;
+        Cand first = tn[v].n_chain ? e->cands[tn[v].chain] : (Cand){0, 0, 0, -1};
+        sv->lo = first.lo, sv->span = first.span, sv->node = first.node, sv->rlen = (uint8_t)first.rlen;
+    }
+    e->states = da;
+    e->n_slots = (int32_t)used;
+    e->root_base = da[0].base;
+    return 0;
+}
+
 static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *node_of) {
     Py_ssize_t total = 1;
     for (int32_t t = 0; t < e->n_tokens; t++)
         if (node_of[t] > 0) total += e->length[t];
-    if (total >= (1 << 24)) {
-        PyErr_SetString(PyExc_ValueError, "Engine: the vocabulary needs more than 2**24 automaton states");
+    if (total >= (1 << 23)) {
+        PyErr_SetString(PyExc_ValueError, "Engine: the vocabulary needs more than 2**23 automaton states");
         return -1;
     }
-    /* trie, with children kept as linked lists for the breadth-first pass */
-    int32_t *first_child = PyMem_Malloc(total * sizeof(int32_t));
-    int32_t *next_sibling = PyMem_Malloc(total * sizeof(int32_t));
-    uint8_t *edge = PyMem_Malloc(total);
+    for (int32_t t = 0; t < e->n_tokens; t++)
+        if (node_of[t] > 0 && e->length[t] > 255) {
+            PyErr_Format(PyExc_ValueError, "Engine: token %d is %d bytes long; the C path keeps lengths in one byte (255 at most)",
+                         t, e->length[t]);
+            return -1;
+        }
+    Map gotos = {0};
+    TrieNode *tn = PyMem_Malloc(total * sizeof(TrieNode));
     int32_t *queue = PyMem_Malloc(total * sizeof(int32_t));
-    e->states = PyMem_Malloc(total * sizeof(State));
+    int32_t *pos = PyMem_Malloc(total * sizeof(int32_t));
+    int32_t *row = PyMem_Malloc(256 * sizeof(int32_t)); /* trie child of the root by byte, -1 if none */
     e->shallow = PyMem_Malloc(257 * 256 * sizeof(int32_t));
     int rc = -1;
-    if (!first_child || !next_sibling || !edge || !queue || !e->states || !e->shallow || map_init(&e->gotos, total) < 0) {
+    if (!tn || !queue || !pos || !row || !e->shallow || map_init(&gotos, total) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    State *st = e->states;
-    int32_t n_states = 1;
-    first_child[0] = -1;
-    st[0] = (State){0, -1, -1, 0, 0, 0, 0};
+    int32_t n = 1;
+    tn[0] = (TrieNode){0, -1, -1, -1, -1, 0, 0, 0, 0};
     for (int32_t t = 0; t < e->n_tokens; t++) {
         if (node_of[t] <= 0 || e->length[t] == 0) continue;
-        int32_t node = 0;
+        int32_t v = 0;
         for (int32_t k = 0; k < e->length[t]; k++) {
             uint8_t b = bytes[offset[t] + k];
-            uint32_t key = ((uint32_t)node << 8) | b;
-            int32_t child = map_get(&e->gotos, key, -1);
-            if (child < 0) {
-                child = n_states++;
-                map_put(&e->gotos, key, child);
-                first_child[child] = -1;
-                next_sibling[child] = first_child[node];
-                first_child[node] = child;
-                edge[child] = b;
-                st[child] = (State){0, -1, -1, (int16_t)(st[node].depth + 1), -1, 0, 0};
+            int32_t c = trie_child(&gotos, v, b);
+            if (c < 0) {
+                c = n++;
+                map_put(&gotos, ((uint32_t)v << 8) | b, c);
+                tn[c] = (TrieNode){0, -1, -1, -1, tn[v].first_child, 0, 0, tn[v].depth + 1, b};
+                tn[v].first_child = c;
             }
-            node = child;
+            v = c;
         }
-        st[node].node = node_of[t];
+        tn[v].node = node_of[t];
     }
-    e->n_states = n_states;
-    for (int b = 0; b < 256; b++) {
-        int32_t c = map_get(&e->gotos, (uint32_t)b, -1);
-        e->shallow[b] = c < 0 ? 0 : c;
-    }
+    /* breadth-first: fail and dictionary links */
     Py_ssize_t head = 0, tail = 0;
-    int16_t rows = 1;
-    for (int32_t c = first_child[0]; c >= 0; c = next_sibling[c]) {
-        st[c].fail = 0;
-        st[c].link = -1;
-        st[c].row = rows;
-        int32_t *row = e->shallow + ((size_t)rows++ << 8);
-        for (int b = 0; b < 256; b++) {
-            int32_t g = map_get(&e->gotos, ((uint32_t)c << 8) | b, -1);
-            row[b] = g >= 0 ? g : e->shallow[b];
-        }
-        queue[tail++] = c;
-    }
+    queue[tail++] = 0;
     while (head < tail) {
-        int32_t node = queue[head++];
-        for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
-            int32_t f = st[node].fail;
-            int32_t target;
-            for (;;) {
-                target = f ? map_get(&e->gotos, ((uint32_t)f << 8) | edge[c], -1) : e->shallow[edge[c]];
-                if (target >= 0 || f == 0) break;
-                f = st[f].fail;
+        int32_t v = queue[head++];
+        for (int32_t c = tn[v].first_child; c >= 0; c = tn[c].next_sibling) {
+            int32_t target = 0;
+            if (v != 0) {
+                for (int32_t f = tn[v].fail;; f = tn[f].fail) {
+                    target = trie_child(&gotos, f, tn[c].edge);
+                    if (target >= 0 || f == 0) break;
+                }
+                if (target < 0) target = 0;
             }
-            if (target < 0 || target == c) target = 0;
-            st[c].fail = target;
-            st[c].link = st[target].node >= 0 ? target : st[target].link;
+            tn[c].fail = target;
+            tn[c].link = tn[target].node >= 0 ? target : tn[target].link;
             queue[tail++] = c;
         }
     }
     /* flat candidate runs: one per token state, shared by the states whose longest token suffix it is */
     Py_ssize_t n_cands = 0;
-    for (int32_t k = 1; k < n_states; k++)
-        if (st[k].node >= 0)
-            for (int32_t t = k; t > 0; t = st[t].link) n_cands++;
+    for (int32_t v = 1; v < n; v++)
+        if (tn[v].node >= 0)
+            for (int32_t t = v; t > 0; t = tn[t].link) n_cands++;
     e->cands = PyMem_Malloc((n_cands ? n_cands : 1) * sizeof(Cand));
     if (!e->cands) {
         PyErr_NoMemory();
         goto done;
     }
     n_cands = 0;
-    for (int32_t k = 1; k < n_states; k++) {
-        if (st[k].node < 0) continue;
-        st[k].chain = (int32_t)n_cands;
-        for (int32_t t = k; t > 0; t = st[t].link) {
-            const Node *n = &e->nodes[st[t].node];
-            e->cands[n_cands++] = (Cand){n->lo, n->span, n->rlen, st[t].node};
+    for (int32_t v = 1; v < n; v++) {
+        if (tn[v].node < 0) continue;
+        tn[v].chain = (int32_t)n_cands;
+        for (int32_t t = v; t > 0; t = tn[t].link) {
+            const Node *nd = &e->nodes[tn[t].node];
+            e->cands[n_cands++] = (Cand){nd->lo, nd->span, nd->rlen, tn[t].node};
         }
-        st[k].n_chain = (int32_t)(n_cands - st[k].chain);
+        tn[v].n_chain = (int32_t)(n_cands - tn[v].chain);
     }
-    for (int32_t k = 1; k < n_states; k++) {
-        if (st[k].node >= 0 || st[k].link <= 0) continue;
-        st[k].chain = st[st[k].link].chain;
-        st[k].n_chain = st[st[k].link].n_chain;
+    for (int32_t v = 1; v < n; v++) {
+        if (tn[v].node >= 0 || tn[v].link <= 0) continue;
+        tn[v].chain = tn[tn[v].link].chain;
+        tn[v].n_chain = tn[tn[v].link].n_chain;
+    }
+    if (layout(e, tn, queue, n, pos) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* resolved transitions of the root (row 0) and of every depth-1 state (row 1 + its byte) */
+    for (int b = 0; b < 256; b++) {
+        row[b] = trie_child(&gotos, 0, (uint8_t)b);
+        e->shallow[b] = row[b] < 0 ? 0 : pos[row[b]];
+    }
+    for (int b0 = 0; b0 < 256; b0++) {
+        int32_t *out = e->shallow + ((size_t)(b0 + 1) << 8);
+        for (int b = 0; b < 256; b++) {
+            int32_t g = row[b0] < 0 ? -1 : trie_child(&gotos, row[b0], (uint8_t)b);
+            out[b] = g >= 0 ? pos[g] : e->shallow[b];
+        }
     }
     rc = 0;
 done:
-    PyMem_Free(first_child);
-    PyMem_Free(next_sibling);
-    PyMem_Free(edge);
+    map_free(&gotos);
+    PyMem_Free(tn);
     PyMem_Free(queue);
+    PyMem_Free(pos);
+    PyMem_Free(row);
     return rc;
 }
 
@@ -505,6 +582,13 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         goto done;
     }
     if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of) < 0) goto done;
+    e->ints = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    if (!e->ints) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < n; t++)
+        if (!(e->ints[t] = PyLong_FromSsize_t(t))) goto done;
     e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
     if (!e->cache) {
         PyErr_NoMemory();
@@ -524,8 +608,10 @@ done:
 static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->length);
     PyMem_Free(e->node_token);
+    if (e->ints)
+        for (int32_t t = 0; t < e->n_tokens; t++) Py_XDECREF(e->ints[t]);
+    PyMem_Free(e->ints);
     PyMem_Free(e->nodes);
-    map_free(&e->gotos);
     PyMem_Free(e->states);
     PyMem_Free(e->cands);
     PyMem_Free(e->shallow);
@@ -606,7 +692,7 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
         if (eager_emit(w, &out) < 0) goto fail;
     }
     PyBuffer_Release(&view);
-    PyObject *list = buf_to_list(&out, 0);
+    PyObject *list = buf_to_list(&out, 0, w->engine->ints);
     PyMem_Free(out.data);
     return list;
 fail:
@@ -623,11 +709,8 @@ static PyObject *EagerWord_finish(EagerWord *w, PyObject *Py_UNUSED(ignored)) {
     if (!list) return NULL;
     Py_ssize_t k = count;
     for (Py_ssize_t p = w->end; p > w->root; p -= nodes[w->last.data[p - w->base]].len) {
-        PyObject *v = PyLong_FromLong(w->engine->node_token[w->last.data[p - w->base]]);
-        if (!v) {
-            Py_DECREF(list);
-            return NULL;
-        }
+        PyObject *v = w->engine->ints[w->engine->node_token[w->last.data[p - w->base]]];
+        Py_INCREF(v);
         PyList_SET_ITEM(list, --k, v);
     }
     if (eager_reset(w) < 0) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol
 
 from paretolab.errors import ConfigError
@@ -81,11 +82,17 @@ class IncrementalBPE:
     def __init__(self, tables: BPETables, *, backend: str = "auto") -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"IncrementalBPE: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-        if backend == "auto":
-            backend = "c" if c_extension_available() else "python"
+        engine: Any = None
+        if backend in ("auto", "c") and (backend == "c" or c_extension_available()):
+            try:
+                engine = _c_engine(tables)
+            except ValueError as exc:  # a vocabulary past the C path's limits (a token over 255 bytes)
+                if backend == "c":
+                    raise ConfigError(f"IncrementalBPE: backend='c' cannot take this vocabulary: {exc}") from exc
+                warnings.warn(f"IncrementalBPE: using the Python reference: {exc}", stacklevel=2)
         self.tables = tables
-        self.backend = backend
-        self._engine = _c_engine(tables) if backend == "c" else _PythonEngine(tables)
+        self.backend = "c" if engine is not None else "python"
+        self._engine = engine if engine is not None else _PythonEngine(tables)
         self._specials = SpecialSplitter(tables.specials)
 
     @classmethod

@@ -13,10 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paretolab.plugins.incremental_bpe import IncrementalBPE
+from paretolab.plugins.incremental_bpe._pretokenize import SpecialSplitter
 from paretolab.plugins.incremental_bpe._unicode_classes import (
     class_table,
     derive_classes,
 )
+from paretolab.plugins.incremental_bpe._vocab import SpecialToken
 
 
 def _data(relative: str) -> Path:
@@ -85,6 +87,10 @@ PATHOLOGICAL = {
     "added tokens": "a<|endoftext|>b  <|im_start|>user\n hi<|im_end|>\n<|endo <|im_start <|im_end|",
     "bytes missing from the vocabulary": "\x04\x06!\x13\x14!\x16\x1d a\x04b" + chr(0x50000) + chr(0x90000) + "xx",
     "long repeated word": "hello" * 10_000,
+    "dashes (45 candidate tokens)": "-" * 30_000,
+    "every punctuation run": "".join(ch * 700 for ch in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
+    "added tokens inside a run of their first character": "<" * 5_000 + "<|im_start|>" + "<<<|im_end|<|endoftext|>>"
+    + "<reponame><repo_name><repo_nam<file_sep<|im_end|>",
 }
 
 
@@ -120,3 +126,9 @@ def test_unicode_classes_match_tokenizers_on_a_sample(hf: Any) -> None:
 @pytest.mark.slow
 def test_unicode_classes_match_tokenizers_on_every_code_point(hf: Any) -> None:
     assert derive_classes(hf.backend_tokenizer.pre_tokenizer) == class_table()
+
+
+def test_added_tokens_are_found_leftmost_then_longest_when_one_is_a_prefix_of_another() -> None:
+    splitter = SpecialSplitter([SpecialToken("<a>", 1), SpecialToken("<a>b", 2), SpecialToken("a>", 3)])
+    assert splitter.split("x<a>bb<a>c<<a>a>") == ["x", 2, "b", 1, "c<", 1, 3]
+    assert splitter.first("yy<a") == (2, 4, None)  # may still become <a> or <a>b: held back while streaming

@@ -166,3 +166,28 @@ def _c_engine_or_none(tables: BPETables) -> Any:
     )
 
     return _c_engine(tables) if c_extension_available() else None
+
+
+def test_a_token_over_255_bytes_falls_back_to_the_python_path_and_says_so() -> None:
+    import pytest
+
+    from paretolab.errors import ConfigError
+    from paretolab.plugins.incremental_bpe import c_extension_available
+
+    vocab = {_B2U[b]: b for b in range(256)}
+    merges, piece = [], "a"
+    while len(piece) < 256:  # a, aa, aaaa, ..., a*256, then a*288
+        merges.append((piece, piece))
+        piece += piece
+        vocab[piece] = len(vocab)
+    merges.append((piece, "a" * 32))
+    vocab[piece + "a" * 32] = len(vocab)
+    tables = build_tables(vocab, merges)
+    if not c_extension_available():
+        pytest.fail("the C extension _fast is not built: run `pip install -e .`")
+    with pytest.warns(UserWarning, match="256 bytes long; the C path keeps lengths in one byte"):
+        tok = IncrementalBPE(tables)
+    assert tok.backend == "python"
+    assert tok.encode("a" * 700) == bpe_by_merging(tables, b"a" * 700)
+    with pytest.raises(ConfigError, match="backend='c' cannot take this vocabulary"):
+        IncrementalBPE(tables, backend="c")
