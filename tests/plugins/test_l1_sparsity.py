@@ -154,8 +154,8 @@ def test_training_with_l1_raises_the_zero_fraction(ctx: TrialContext, tmp_path: 
     from paretolab.plugin_api.manager import registries
     from tests.training.conftest import make_ctx
 
-    text = Path(__file__).parents[2] / "README.md"
-    params = {"tokens": 6144, "seq_len": 32, "batch": 8, "eval_every": 100, "eval_tokens": 256, "corpus": str(text), "lr": 1e-2}
+    # a fixed corpus: on README.md the effect moved with every edit of the README (0.97 vs 0.58, then 0.64 vs 0.56)
+    params = {"tokens": 6144, "seq_len": 32, "batch": 8, "eval_every": 100, "eval_tokens": 256, "corpus": "pystdlib-train", "lr": 1e-2}
     frac = {}
     for lam in (0.0, 0.5):
         subject = TinyLlama(layers=2, hidden=64).load()
