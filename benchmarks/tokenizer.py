@@ -72,7 +72,7 @@ def everyday_inputs() -> dict[str, str]:
     return {"prose (wikitext2)": load_corpus("wikitext2")[0], "code (stdlib)": code[:1_000_000]}
 
 
-def build_tiktoken(hf: Any, tables: Any) -> Callable[[], tuple[Any, dict[int, int]]]:
+def build_tiktoken(tables: Any) -> Callable[[], tuple[Any, dict[int, int]]]:
     """A factory of fresh tiktoken Encodings over the same byte-level merges, with the id -> HF id map."""
     import tiktoken
 
@@ -129,7 +129,7 @@ def main() -> None:
     spec = hf.backend_tokenizer.to_str()
     ours_proto = IncrementalBPE.from_hf(hf)
     tables = ours_proto.tables
-    new_tiktoken = build_tiktoken(hf, tables)
+    new_tiktoken = build_tiktoken(tables)
     print(f"IncrementalBPE backend={ours_proto.backend}; candidates per byte at most {max_candidates(tables)}")
 
     def new_ours() -> Callable[[str], Any]:

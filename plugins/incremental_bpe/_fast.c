@@ -112,15 +112,12 @@ static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from, PyObject *const *
 }
 
 /* ---------- the engine ---------- */
-typedef struct {
-    uint32_t lo, span; /* the test passes iff node(L(end - rlen)) - lo < span (unsigned) */
-    int32_t rlen, len; /* bytes of the right part (0: a single byte, always passes), of the token */
-} Node;
-
+/* A candidate's test: node(L(end - rlen)) - lo < span (unsigned); rlen is the bytes of the
+ * token's right part, 0 for a single byte (always passes). */
 typedef struct {
     uint32_t lo, span;
     int32_t rlen, node;
-} Cand; /* a candidate's test inline, so the scan reads one contiguous run */
+} Cand;
 
 /* A state of the Aho-Corasick automaton, stored as a double array: its children sit at
  * base + byte and name it in check, so a transition reads the child's own record (no hash). */
@@ -142,7 +139,7 @@ typedef struct {
     int32_t *length;     /* by token id (automaton build) */
     int32_t *node_token; /* by node */
     PyObject **ints;     /* by token id: the int object returned for it */
-    Node *nodes;
+    int32_t *node_len;   /* by node: bytes of its token */
     int32_t byte_token[256];
     int32_t n_slots, root_base;
     State *states;
@@ -207,10 +204,10 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         last[end] = u;
     }
     Py_ssize_t count = 0;
-    for (Py_ssize_t p = end; p > 0; p -= e->nodes[last[p]].len) count++;
+    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) count++;
     if (buf_reserve(out, out->len + count) < 0) return -1;
     Py_ssize_t k = out->len + count;
-    for (Py_ssize_t p = end; p > 0; p -= e->nodes[last[p]].len) out->data[--k] = e->node_token[last[p]];
+    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) out->data[--k] = e->node_token[last[p]];
     out->len += count;
     return 0;
 }
@@ -418,7 +415,8 @@ static int layout(Engine *e, TrieNode *tn, const int32_t *order, int32_t n, int3
     return 0;
 }
 
-static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *node_of) {
+static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offset, const int32_t *node_of,
+                           const Cand *tests) {
     Py_ssize_t total = 1;
     for (int32_t t = 0; t < e->n_tokens; t++)
         if (node_of[t] > 0) total += e->length[t];
@@ -495,8 +493,7 @@ static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offse
         if (tn[v].node < 0) continue;
         tn[v].chain = (int32_t)n_cands;
         for (int32_t t = v; t > 0; t = tn[t].link) {
-            const Node *nd = &e->nodes[tn[t].node];
-            e->cands[n_cands++] = (Cand){nd->lo, nd->span, nd->rlen, tn[t].node};
+            e->cands[n_cands++] = tests[tn[t].node];
         }
         tn[v].n_chain = (int32_t)(n_cands - tn[v].chain);
     }
@@ -555,6 +552,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     e->n_tokens = (int32_t)n;
     e->n_nodes = (int32_t)m;
     int32_t *node_of = NULL, *offset = NULL, *bt = NULL, *rlen = NULL, *lo = NULL, *hi = NULL;
+    Cand *tests = NULL; /* by node: its own test, copied into the candidate runs */
     int rc = -1;
     if (!(e->length = int_array(lengths, n, "lengths")) || !(node_of = int_array(node_of_seq, n, "node_of")) ||
         !(e->node_token = int_array(node_token, m, "node_token")) || !(rlen = int_array(rlens, m, "right_len")) ||
@@ -562,15 +560,17 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         !(bt = int_array(byte_tok, 256, "byte_token")))
         goto done;
     memcpy(e->byte_token, bt, sizeof(e->byte_token));
-    e->nodes = PyMem_Malloc((m ? m : 1) * sizeof(Node));
+    e->node_len = PyMem_Malloc((m ? m : 1) * sizeof(int32_t));
+    tests = PyMem_Malloc((m ? m : 1) * sizeof(Cand));
     offset = PyMem_Malloc((n ? n : 1) * sizeof(int32_t));
-    if (!e->nodes || !offset) {
+    if (!e->node_len || !tests || !offset) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t k = 0; k < m; k++) {
         int32_t t = e->node_token[k];
-        e->nodes[k] = (Node){(uint32_t)lo[k], (uint32_t)(hi[k] - lo[k]), rlen[k], t >= 0 && t < n ? e->length[t] : 0};
+        e->node_len[k] = t >= 0 && t < n ? e->length[t] : 0;
+        tests[k] = (Cand){(uint32_t)lo[k], (uint32_t)(hi[k] - lo[k]), rlen[k], (int32_t)k};
     }
     Py_ssize_t total = 0;
     for (Py_ssize_t t = 0; t < n; t++) {
@@ -581,7 +581,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Engine: token bytes do not match the lengths");
         goto done;
     }
-    if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of) < 0) goto done;
+    if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of, tests) < 0) goto done;
     e->ints = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
     if (!e->ints) {
         PyErr_NoMemory();
@@ -597,6 +597,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     rc = 0;
 done:
     PyMem_Free(node_of);
+    PyMem_Free(tests);
     PyMem_Free(offset);
     PyMem_Free(bt);
     PyMem_Free(rlen);
@@ -611,7 +612,7 @@ static void Engine_dealloc(Engine *e) {
     if (e->ints)
         for (int32_t t = 0; t < e->n_tokens; t++) Py_XDECREF(e->ints[t]);
     PyMem_Free(e->ints);
-    PyMem_Free(e->nodes);
+    PyMem_Free(e->node_len);
     PyMem_Free(e->states);
     PyMem_Free(e->cands);
     PyMem_Free(e->shallow);
@@ -642,11 +643,11 @@ static int eager_reset(EagerWord *w) {
 }
 
 static void eager_release(EagerWord *w, Py_ssize_t pos) {
-    const Node *nodes = w->engine->nodes;
+    const int32_t *node_len = w->engine->node_len;
     for (;;) {
         int32_t *r = &w->refs.data[pos - w->base];
         if (--*r || pos <= w->root) return;
-        pos -= nodes[w->last.data[pos - w->base]].len;
+        pos -= node_len[w->last.data[pos - w->base]];
     }
 }
 
@@ -685,7 +686,7 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
             goto fail;
         }
         if (buf_push(&w->last, u) < 0 || buf_push(&w->refs, 1) < 0) goto fail;
-        w->refs.data[w->end - e->nodes[u].len - w->base] += 1;
+        w->refs.data[w->end - e->node_len[u] - w->base] += 1;
         Py_ssize_t window = w->end - e->states[w->state].depth;
         for (Py_ssize_t pos = w->window; pos < window; pos++) eager_release(w, pos);
         w->window = window;
@@ -702,13 +703,13 @@ fail:
 }
 
 static PyObject *EagerWord_finish(EagerWord *w, PyObject *Py_UNUSED(ignored)) {
-    const Node *nodes = w->engine->nodes;
+    const int32_t *node_len = w->engine->node_len;
     Py_ssize_t count = 0;
-    for (Py_ssize_t p = w->end; p > w->root; p -= nodes[w->last.data[p - w->base]].len) count++;
+    for (Py_ssize_t p = w->end; p > w->root; p -= node_len[w->last.data[p - w->base]]) count++;
     PyObject *list = PyList_New(count);
     if (!list) return NULL;
     Py_ssize_t k = count;
-    for (Py_ssize_t p = w->end; p > w->root; p -= nodes[w->last.data[p - w->base]].len) {
+    for (Py_ssize_t p = w->end; p > w->root; p -= node_len[w->last.data[p - w->base]]) {
         PyObject *v = w->engine->ints[w->engine->node_token[w->last.data[p - w->base]]];
         Py_INCREF(v);
         PyList_SET_ITEM(list, --k, v);

@@ -28,8 +28,15 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Protocol
 
 from paretolab.plugins.incremental_bpe._vocab import NO_RANK, BPETables
+
+
+class Positions(Protocol):
+    """``node_at[j]``: the node of the last token of BPE(word[:j]) (a list, or a trimmed view of one)."""
+
+    def __getitem__(self, j: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -43,10 +50,10 @@ class SuffixForest:
     lo: list[int]  # node -> the interval L(i - right_len) must fall in
     hi: list[int]
 
-    def ends_here(self, u: int, node_at: list[int] | object, end: int) -> bool:
-        """The test for node ``u`` ending at ``end``; ``node_at[j]`` is node(L(j))."""
+    def ends_here(self, u: int, node_at: Positions, end: int) -> bool:
+        """The test for node ``u`` ending at ``end``."""
         r = self.right_len[u]
-        return r == 0 or self.lo[u] <= node_at[end - r] < self.hi[u]  # type: ignore[index]
+        return r == 0 or self.lo[u] <= node_at[end - r] < self.hi[u]
 
 
 def build_forest(tables: BPETables) -> SuffixForest:

@@ -22,7 +22,7 @@ per byte besides the candidate tests.
 
 from __future__ import annotations
 
-from paretolab.plugins.incremental_bpe._forest import SuffixForest, build_forest
+from paretolab.plugins.incremental_bpe._forest import Positions, SuffixForest, build_forest
 from paretolab.plugins.incremental_bpe._vocab import BPETables
 
 
@@ -88,7 +88,7 @@ class ReferenceBPE:
         self.length = self.forest.length  # by node
         self.tests = 0  # interval tests made so far (the per-byte bound is checked on this)
 
-    def last_token(self, last: list[int] | _Shifted, end: int, state: int) -> int:
+    def last_token(self, last: Positions, end: int, state: int) -> int:
         """The node of the last token of BPE(word[:end]) given ``last`` for every shorter prefix."""
         for u in self.automaton.tokens_ending_here(state):
             self.tests += 1

@@ -83,7 +83,7 @@ class IncrementalBPE:
         if backend not in BACKENDS:
             raise ConfigError(f"IncrementalBPE: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         engine: Any = None
-        if backend in ("auto", "c") and (backend == "c" or c_extension_available()):
+        if backend == "c" or (backend == "auto" and c_extension_available()):
             try:
                 engine = _c_engine(tables)
             except ValueError as exc:  # a vocabulary past the C path's limits (a token over 255 bytes)

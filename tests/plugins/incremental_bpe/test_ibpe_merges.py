@@ -59,6 +59,10 @@ def _forest_disagreements(tables: BPETables, texts: list[bytes]) -> tuple[list[t
     neighbour. The test must pass exactly for those, given the true last token of every prefix.
     """
     forest = build_forest(tables)
+    reachable_by_bytes: dict[bytes, int] = {}
+    for tid, data in enumerate(tables.token_bytes):
+        if data and tables.reachable[tid]:
+            reachable_by_bytes[data] = tid
     bad, n_pass = [], 0
     for text in texts:
         node_at = [0] + [forest.node_of[bpe_by_merging(tables, text[:j])[-1]] for j in range(1, len(text) + 1)]
@@ -66,29 +70,14 @@ def _forest_disagreements(tables: BPETables, texts: list[bytes]) -> tuple[list[t
         while t >= 0:
             spine.add(t)
             t = tables.right[t]
-        for k in range(len(text)):
-            for tid in _tokens_with_bytes(tables, text[k:]):
-                ok = forest.ends_here(forest.node_of[tid], node_at, len(text))
-                n_pass += ok
-                if ok != (tid in spine):
-                    bad.append((text, tid))
+        for tid in (reachable_by_bytes.get(text[k:]) for k in range(len(text))):
+            if tid is None:
+                continue
+            ok = forest.ends_here(forest.node_of[tid], node_at, len(text))
+            n_pass += ok
+            if ok != (tid in spine):
+                bad.append((text, tid))
     return bad, n_pass
-
-
-def _tokens_with_bytes(tables: BPETables, data: bytes) -> list[int]:
-    return [t for t in _by_bytes(tables).get(data, []) if tables.reachable[t]]
-
-
-_BY_BYTES: dict[int, dict[bytes, list[int]]] = {}
-
-
-def _by_bytes(tables: BPETables) -> dict[bytes, list[int]]:
-    if id(tables) not in _BY_BYTES:
-        index: dict[bytes, list[int]] = {}
-        for t, data in enumerate(tables.token_bytes):
-            index.setdefault(data, []).append(t)
-        _BY_BYTES[id(tables)] = index
-    return _BY_BYTES[id(tables)]
 
 
 def test_forest_test_passes_exactly_for_the_tokens_that_reach_the_end(tok_py: IncrementalBPE) -> None:
