@@ -7,7 +7,6 @@ finished MLflow run or run again, so every trial ends up recorded exactly once i
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 import threading
@@ -28,8 +27,6 @@ from paretolab.stores.ownership import own_study
 from paretolab.stores.tracking import Tracker
 from paretolab.study.optuna_study import (
     ATTEMPTS,
-    FAIL_REASON,
-    MLFLOW_RUN,
     count_in_state,
     finished_count,
     open_study,
@@ -37,10 +34,10 @@ from paretolab.study.optuna_study import (
     stale_trials,
 )
 from paretolab.study.pool import WorkerPool
+from paretolab.study.recording import record_trial, study_tags, trial_tags
 from paretolab.study.proposer import Proposer
 from paretolab.study.search import grid_points, plan_trial
 from paretolab.study.spec import StudySpec
-from paretolab.version import code_version
 
 
 @dataclass
@@ -130,7 +127,7 @@ def _drive(
     outcome = StudyOutcome(study=spec.name, planned=target)
     tracker = Tracker(stores, spec.name)
     proposer = Proposer(spec, study, points)
-    parent = tracker.study_run(_study_tags(spec), {"pipeline": spec.raw})
+    parent = tracker.study_run(study_tags(spec), {"pipeline": spec.raw})
     regs = registries()
     hooks = plugin_manager().hook
 
@@ -164,7 +161,7 @@ def _drive(
         pool.shutdown()
         raise
 
-    tags = _trial_tags(spec, regs)
+    tags = trial_tags(spec, regs)
     in_flight: dict[Any, _Job] = {}
     bar = _progress(progress, target, done, spec.name)
     start = time.perf_counter()
@@ -172,7 +169,7 @@ def _drive(
 
     def record(job: _Job, result: TrialResult, now: float) -> None:
         nonlocal done
-        done += _record(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+        done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
         bar.update(1)
 
     try:
@@ -260,61 +257,6 @@ class _StopSignal:
     def restore(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-
-
-def _record(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: _Job, result: TrialResult, tags: dict[str, str], now: float, outcome: StudyOutcome, hooks: Any) -> int:
-    """Log one trial to MLflow, then tell Optuna. Returns 1 (one more finished trial)."""
-    if not result.failed:
-        result.error = _objective_problem(spec, result.metrics)
-    inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
-    wall = now - job.started
-    if result.metrics:
-        result.metrics["overhead_s"] = max(wall - inside, 0.0)
-        outcome.overhead_s.append(result.metrics["overhead_s"])
-    params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
-    run_id = tracker.log_trial(parent, job.trial.number, params, result, {**tags, "paretolab.study.worker": result.worker})
-    job.trial.set_user_attr(MLFLOW_RUN, run_id)
-    if result.failed:
-        job.trial.set_user_attr(FAIL_REASON, result.error)
-        study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
-        outcome.failed += 1
-    else:
-        study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
-        outcome.completed += 1
-    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
-    return 1
-
-
-def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:
-    for objective in spec.objectives:
-        value = metrics.get(objective.metric)
-        if value is None:
-            return f"objective metric {objective.metric!r} was not reported (reported: {', '.join(sorted(metrics))})"
-        if not math.isfinite(value):
-            return f"objective metric {objective.metric!r} is {value}"
-    return None
-
-
-def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for stage in plan:
-        out[f"{stage.stage}.method"] = stage.method
-        for key, value in stage.params.items():
-            out[f"{stage.stage}.{stage.method}.{key}"] = value
-    return out
-
-
-def _study_tags(spec: StudySpec) -> dict[str, str]:
-    return {"paretolab.pipeline_hash": spec.pipeline_hash(), "paretolab.model": spec.model, "paretolab.code_version": code_version()}
-
-
-def _trial_tags(spec: StudySpec, regs: Any) -> dict[str, str]:
-    versions = ",".join(f"{k}={v}" for k, v in sorted(regs.plugin_versions.items()) if not k.startswith("paretolab."))
-    return {
-        **_study_tags(spec),
-        "paretolab.methods": ",".join(spec.methods()),
-        "paretolab.plugin_versions": versions or "builtin only",
-    }
 
 
 def _progress(enabled: bool, total: int, initial: int, name: str) -> Any:

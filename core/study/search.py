@@ -17,13 +17,7 @@ from optuna.distributions import (
 from paretolab.errors import ConfigError
 from paretolab.records import StagePlan
 from paretolab.study.spec import StudySpec
-from paretolab.study.stages import Choices, Fixed, Range
-
-
-def param_prefix(spec: StudySpec, stage_id: str, method: str) -> str:
-    """Optuna parameter names are `method.param`, or `stage.method.param` if a method occurs twice."""
-    count = sum(1 for s in spec.stages for o in s.options if o.method == method)
-    return method if count == 1 else f"{stage_id}.{method}"
+from paretolab.study.stages import Fixed, param_prefix, to_distribution
 
 
 def plan_trial(trial: optuna.Trial | optuna.trial.FixedTrial, spec: StudySpec) -> list[StagePlan]:
@@ -38,7 +32,7 @@ def plan_trial(trial: optuna.Trial | optuna.trial.FixedTrial, spec: StudySpec) -
             chosen = trial.suggest_categorical(f"{stage.id}.method", [o.method for o in stage.options])
             option = next(o for o in stage.options if o.method == chosen)
         method = methods.get(option.method)
-        prefix = param_prefix(spec, stage.id, option.method)
+        prefix = param_prefix(spec.stages, stage.id, option.method)
         params = dict(method.defaults())
         space = method.search_space()
         for key in sorted(set(space) | set(option.params)):
@@ -50,14 +44,6 @@ def plan_trial(trial: optuna.Trial | optuna.trial.FixedTrial, spec: StudySpec) -
             params[key] = _suggest(trial, f"{prefix}.{key}", dist)
         plan.append(StagePlan(stage=stage.id, method=option.method, params=params))
     return plan
-
-
-def to_distribution(param: Choices | Range) -> BaseDistribution:
-    if isinstance(param, Choices):
-        return CategoricalDistribution(list(param.values))
-    if param.integer:
-        return IntDistribution(int(param.low), int(param.high), log=param.log, step=int(param.step or 1))
-    return FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
 
 
 def _suggest(trial: Any, name: str, dist: BaseDistribution) -> Any:
@@ -126,7 +112,7 @@ def _option_axes(spec: StudySpec, *, enumerate_values: bool) -> Any:
     for index, stage in enumerate(spec.stages):
         for option in stage.options:
             method = methods.get(option.method)
-            prefix = param_prefix(spec, stage.id, option.method)
+            prefix = param_prefix(spec.stages, stage.id, option.method)
             space = method.search_space()
             axes: list[tuple[str, Any]] = []
             for key in sorted(set(space) | set(option.params)):

@@ -16,7 +16,10 @@ from paretolab.models import check_model_name
 from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.metrics import TRIAL_METRICS
 from paretolab.plugin_api.options import parse_options
+from paretolab.study.arms import enqueue_params
+from paretolab.study.constraints import Constraint, parse_constraints
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
+from paretolab.study.pruning import PrunerSpec, parse_pruner
 from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
 from paretolab.study.stages import Stage, parse_stage
 from paretolab.study.yaml_read import MAX_PIPELINE_BYTES, read_yaml
@@ -29,7 +32,7 @@ MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for se
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
 HASH_IGNORES_TOP = ("description", "resources", "claim", "claims", "frontiers")  # claims and frontiers are read by the report, never by a trial
-HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s")
+HASH_IGNORES_SEARCH = ("trials", "trial_timeout_s", "enqueue")  # enqueued points choose trials, they change no trial's result
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class SearchSpec:
     seed: int = 0
     trial_timeout_s: float = 600.0
     population_size: int | None = None  # nsga2 only; default: about a third of the trials
+    pruner: PrunerSpec | None = None  # stops trials whose reported values fall behind (see paretolab.study.pruning)
+    enqueue: tuple[dict[str, Any], ...] = ()  # partial Optuna parameter sets run first, in order (see paretolab.study.arms)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class StudySpec:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     models: dict[str, str] = field(default_factory=dict)  # `models:` by role, loaded once per worker (see paretolab.routing)
     prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (a simulated cost)
+    constraints: tuple[Constraint, ...] = ()  # bounds a trial must meet to sit on a frontier (see paretolab.study.constraints)
 
     @property
     def claim(self) -> Claim | None:
@@ -100,7 +106,8 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
-TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "claims", "frontiers")
+TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "claims", "frontiers",
+            "constraints")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -157,9 +164,11 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     check_train_stages(stages, task_name, task_options)  # train params in range; no training on the test text
     measures = _parse_measures(raw.get("measures"), regs)
     objectives = _parse_objectives(raw.get("objectives"), regs)
-    search = _parse_search(raw.get("search") or {})
+    search = _parse_search(raw.get("search") or {}, stages, regs)
     resources = _parse_resources(raw.get("resources") or {})
     _check_objectives_produced(objectives, task, measures, stages, resources, regs)
+    constraints = parse_constraints(raw.get("constraints"), stages, regs)
+    _check_objectives_produced(constraints, task, measures, stages, resources, regs, where="constraints")
     claims = parse_claims(raw, stages, regs)
     parse_frontiers(raw.get("frontiers"), regs)  # the report prints them; refuse a typo now
     return StudySpec(
@@ -176,6 +185,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         raw=raw,
         models=models,
         prices=prices,
+        constraints=constraints,
     )
 
 
@@ -248,10 +258,10 @@ def _parse_objectives(raw: Any, regs: Any) -> tuple[Objective, ...]:
     return tuple(out)
 
 
-def _parse_search(raw: Any) -> SearchSpec:
+def _parse_search(raw: Any, stages: tuple[Stage, ...], regs: Any) -> SearchSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"search: expected a mapping, got {raw!r}")
-    no_unknown(raw, ("sampler", "trials", "seed", "trial_timeout_s", "population_size"), "search.")
+    no_unknown(raw, ("sampler", "trials", "seed", "trial_timeout_s", "population_size", "pruner", "enqueue"), "search.")
     sampler = raw.get("sampler", "nsga2")
     if sampler not in SAMPLERS:
         close = difflib.get_close_matches(str(sampler), SAMPLERS, n=1)
@@ -269,7 +279,14 @@ def _parse_search(raw: Any) -> SearchSpec:
     population = raw.get("population_size")
     if population is not None and (not isinstance(population, int) or isinstance(population, bool) or population < 2):
         raise ConfigError(f"search.population_size: expected an integer >= 2, got {population!r}")
-    return SearchSpec(sampler=sampler, trials=trials, seed=seed, trial_timeout_s=float(timeout), population_size=population)
+    enqueue = raw.get("enqueue") or []
+    if not isinstance(enqueue, list):
+        raise ConfigError(f"search.enqueue: expected a list of points like [{{magnitude.sparsity: 0.5}}, 'wanda[sparsity=0.5]'], got {enqueue!r}")
+    if enqueue and sampler == "grid":
+        raise ConfigError("search.enqueue: a grid runs every point of its space already; drop search.enqueue or use another sampler")
+    points = tuple(enqueue_params(stages, regs, e, f"search.enqueue[{i}]") for i, e in enumerate(enqueue))
+    return SearchSpec(sampler=sampler, trials=trials, seed=seed, trial_timeout_s=float(timeout), population_size=population,
+                      pruner=parse_pruner(raw.get("pruner"), stages, regs), enqueue=points)
 
 
 def _parse_resources(raw: Any) -> Resources:
@@ -293,8 +310,9 @@ def _parse_resources(raw: Any) -> Resources:
     return Resources(**values)
 
 
-def _check_objectives_produced(objectives: tuple[Objective, ...], task: Any, measures: dict[str, Any] | None, stages: tuple[Stage, ...], resources: Resources, regs: Any) -> None:
-    """Refuse an objective that no trial of this pipeline would report (each trial would fail on it)."""
+def _check_objectives_produced(objectives: tuple[Any, ...], task: Any, measures: dict[str, Any] | None, stages: tuple[Stage, ...], resources: Resources, regs: Any,
+                               where: str = "objectives") -> None:
+    """Refuse an objective (or a constrained metric) that no trial of this pipeline would report (each trial would fail on it)."""
     produced = set(task.metrics) | set(TRIAL_METRICS) | ({"peak_gpu_mb"} if resources.gpus > 0 else set())
     names = list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
     for name in names:
@@ -314,7 +332,7 @@ def _check_objectives_produced(objectives: tuple[Objective, ...], task: Any, mea
         else:
             why = f"neither task {task.name!r} ({', '.join(task.metrics)}), the measures nor the methods of this pipeline report it"
         raise ConfigError(
-            f"objectives[{i}].metric: {objective.metric!r} would be missing from trials: {why}; "
+            f"{where}[{i}].metric: {objective.metric!r} would be missing from trials: {why}; "
             f"pick one of {', '.join(sorted(produced))}"
         )
 

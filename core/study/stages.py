@@ -48,6 +48,23 @@ class Stage:
     options: tuple[StageOption, ...]  # one for `method:`, several for `choice:`
 
 
+def param_prefix(stages: tuple[Stage, ...], stage_id: str, method: str) -> str:
+    """Optuna parameter names are `method.param`, or `stage.method.param` if a method occurs twice."""
+    count = sum(1 for s in stages for o in s.options if o.method == method)
+    return method if count == 1 else f"{stage_id}.{method}"
+
+
+def to_distribution(param: Choices | Range) -> Any:
+    """The Optuna distribution of a searched parameter."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(param, Choices):
+        return CategoricalDistribution(list(param.values))
+    if param.integer:
+        return IntDistribution(int(param.low), int(param.high), log=param.log, step=int(param.step or 1))
+    return FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
+
+
 def parse_stage(raw: Any, index: int, regs: Any) -> Stage:
     where = f"stages[{index}]"
     if not isinstance(raw, dict):

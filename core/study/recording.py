@@ -1,0 +1,68 @@
+"""How the driver records a finished trial: MLflow first, then Optuna, with the verdicts both stores keep."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+
+from paretolab.records import StagePlan, TrialInfo, TrialResult
+from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN
+from paretolab.study.spec import StudySpec
+from paretolab.version import code_version
+
+
+def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: Any, result: TrialResult, tags: dict[str, str], now: float, outcome: Any, hooks: Any) -> int:
+    """Log one trial to MLflow, then tell Optuna. Returns 1 (one more finished trial)."""
+    if not result.failed:
+        result.error = _objective_problem(spec, result.metrics)
+    inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
+    wall = now - job.started
+    if result.metrics:
+        result.metrics["overhead_s"] = max(wall - inside, 0.0)
+        outcome.overhead_s.append(result.metrics["overhead_s"])
+    params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
+    run_id = tracker.log_trial(parent, job.trial.number, params, result, {**tags, "paretolab.study.worker": result.worker})
+    job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    if result.failed:
+        job.trial.set_user_attr(FAIL_REASON, result.error)
+        study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
+        outcome.failed += 1
+    else:
+        study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
+        outcome.completed += 1
+    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
+    return 1
+
+
+def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:
+    for objective in spec.objectives:
+        value = metrics.get(objective.metric)
+        if value is None:
+            return f"objective metric {objective.metric!r} was not reported (reported: {', '.join(sorted(metrics))})"
+        if not math.isfinite(value):
+            return f"objective metric {objective.metric!r} is {value}"
+    return None
+
+
+def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stage in plan:
+        out[f"{stage.stage}.method"] = stage.method
+        for key, value in stage.params.items():
+            out[f"{stage.stage}.{stage.method}.{key}"] = value
+    return out
+
+
+def study_tags(spec: StudySpec) -> dict[str, str]:
+    return {"paretolab.pipeline_hash": spec.pipeline_hash(), "paretolab.model": spec.model, "paretolab.code_version": code_version()}
+
+
+def trial_tags(spec: StudySpec, regs: Any) -> dict[str, str]:
+    versions = ",".join(f"{k}={v}" for k, v in sorted(regs.plugin_versions.items()) if not k.startswith("paretolab."))
+    return {
+        **study_tags(spec),
+        "paretolab.methods": ",".join(spec.methods()),
+        "paretolab.plugin_versions": versions or "builtin only",
+    }
