@@ -30,6 +30,15 @@ class TrialError(ParetolabError, RuntimeError):
     """A trial could not produce usable metrics (NaN, missing objective, timeout)."""
 
 
+class TrialPruned(ParetolabError):
+    """The study's pruner stopped this trial at ``step`` (see ``TrialContext.report``); ``subject`` is the model as it stopped."""
+
+    def __init__(self, step: int, subject: object = None) -> None:
+        super().__init__(f"pruned at step {step}")
+        self.step = step
+        self.subject = subject
+
+
 class CalibrationLeakError(ConfigError):
     """A method would calibrate on the very corpus the task evaluates on (its score would be inflated)."""
 

@@ -34,10 +34,15 @@ class TrialResult:
     error: str | None = None  # one line: the reason
     traceback: str | None = None
     worker: str = ""
+    pruned_at: int | None = None  # the step at which the study's pruner stopped the trial (None: it ran to the end)
 
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+    @property
+    def pruned(self) -> bool:
+        return self.pruned_at is not None and self.error is None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,23 @@ class TrialContext:
     stage_energy_j: dict[str, float] = field(default_factory=dict)
     models: dict[str, Any] = field(default_factory=dict)  # role -> Subject, shared read-only by the worker's trials
     costs: CostLedger = field(default_factory=CostLedger)  # per-role calls, tokens, seconds (see paretolab.costs)
+    reporter: Callable[[int, dict[str, float]], bool] | None = None  # the study's pruner (set by the worker with search.pruner)
+    pruned_at: int | None = None  # the step ``report`` was told to stop at
+
+    def report(self, step: int, values: dict[str, float]) -> bool:
+        """Hand intermediate values (e.g. ``{"val_loss": 3.2}`` at optimizer step ``step``) to the study's pruner.
+
+        Returns True when the trial should stop now: return from ``transform`` at once (the trial is
+        then recorded as pruned, with what it spent so far). Always False without ``search.pruner``.
+        """
+        if self.pruned_at is not None:
+            return True
+        if self.reporter is None:
+            return False
+        if self.reporter(int(step), {k: float(v) for k, v in values.items()}):
+            self.pruned_at = int(step)
+            return True
+        return False
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""

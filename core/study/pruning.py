@@ -73,11 +73,29 @@ def parse_pruner(raw: Any, stages: tuple[Any, ...], regs: Any) -> PrunerSpec | N
     for key in args:
         if key not in known:
             raise ConfigError(f"search.pruner.{key}: not an argument of {cls.__name__} ({name}); it takes {', '.join(known)}")
+    if name in ("asha", "hyperband") and "min_resource" not in args:
+        # Optuna's "auto" takes 1/100 of the first complete trial's last step: a first report at step 50 then
+        # passes several rungs at once and nearly every trial is pruned. A rung per evaluation point instead.
+        args["min_resource"] = _eval_every(stages)
     try:
         cls(**args)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"search.pruner: {cls.__name__}({', '.join(f'{k}={v!r}' for k, v in args.items())}) refused: {exc}") from None
     return PrunerSpec(name, metric.name, metric.direction, args)
+
+
+def _eval_every(stages: tuple[Any, ...]) -> int:
+    """The smallest fixed ``eval_every`` of the reporting stages (the train method's default where none is given)."""
+    from paretolab.training.method import TrainOptions
+
+    found = []
+    for stage in stages:
+        for option in stage.options:
+            if option.method in REPORTING_METHODS:
+                given = option.params.get("eval_every")
+                value = getattr(given, "value", given)
+                found.append(value if isinstance(value, int) else TrainOptions.eval_every)
+    return max(1, min(found, default=TrainOptions.eval_every))
 
 
 class PruneBoard:
@@ -88,9 +106,11 @@ class PruneBoard:
     """
 
     def __init__(self, spec: PrunerSpec, history: list[dict[str, Any]] | None = None) -> None:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.spec = spec
+        previous = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line in the driver's log
         self.mirror = optuna.create_study(direction=spec.direction, pruner=spec.make(), sampler=optuna.samplers.RandomSampler(seed=0))
+        optuna.logging.set_verbosity(previous)
         self.running: dict[int, optuna.Trial] = {}
         self.pruned: dict[int, int] = {}  # trial number -> step it was pruned at
         for past in history or []:
@@ -128,6 +148,7 @@ class PruneBoard:
         intermediate = dict(frozen.intermediate_values)
         if value is None or not math.isfinite(value):
             value = intermediate[max(intermediate)] if intermediate else None
+        self.pruned.pop(number, None)
         if state == "COMPLETE" and value is not None and math.isfinite(value):
             self.mirror.tell(trial, value)
         elif state == "PRUNED":
@@ -153,3 +174,26 @@ def history_of(study: optuna.Study) -> list[dict[str, Any]]:
         out.append({"state": state, "value": value, "intermediate": dict(t.intermediate_values),
                     "attrs": t.system_attrs.get(PRUNER_ATTRS) or {}})
     return out
+
+
+def start_board(spec: PrunerSpec | None, study: optuna.Study) -> Any:
+    """The study's PruneBoard as a Ray actor (no CPU of its own), primed with the finished trials; None without a pruner."""
+    if spec is None:
+        return None
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(PruneBoard).remote(spec, history_of(study))
+
+
+def keep_reports(board: Any, study: optuna.Study, trial: optuna.Trial, result: Any, metric: str) -> None:
+    """Tell the board how trial ``trial`` ended and store its reports (its curve) and the pruner's bookkeeping in Optuna."""
+    import ray
+
+    state = "FAIL" if result.failed else "PRUNED" if result.pruned else "COMPLETE"
+    kept = ray.get(board.finish.remote(trial.number, state, result.metrics.get(metric)))
+    for step, value in sorted(kept["intermediate"].items()):  # Study.tell refuses trial.report on a multi-objective study
+        study._storage.set_trial_intermediate_value(trial._trial_id, int(step), float(value))
+    if kept["attrs"]:
+        study._storage.set_trial_system_attr(trial._trial_id, PRUNER_ATTRS, kept["attrs"])
+    if kept["value"] is not None and math.isfinite(kept["value"]):
+        trial.set_user_attr(PRUNER_VALUE, float(kept["value"]))

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from paretolab.errors import TrialError
+from paretolab.errors import TrialError, TrialPruned
 from paretolab.measure.energy import EnergyMeter
 from paretolab.measure.memory import PeakMemory
 from paretolab.plugin_api.context import TrialContext
@@ -25,12 +25,15 @@ MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
-              roles: dict[str, Subject] | None = None, keep: Callable[[Subject], None] | None = None) -> TrialResult:
+              roles: dict[str, Subject] | None = None, keep: Callable[[Subject], None] | None = None,
+              report: Callable[[int, dict[str, float]], bool] | None = None) -> TrialResult:
     """Run one trial to a result; every exception becomes a failed result with its traceback.
 
     ``roles``: the pipeline's ``models:`` by role, loaded once by the worker and shared read-only (``ctx.models``).
     ``keep``: called with the transformed subject once it was evaluated and measured (``paretolab export``
     re-runs a trial this way to keep the very model the trial measured).
+    ``report``: the study's pruner (``ctx.report`` calls it); a trial it stops comes back with
+    ``pruned_at``, its curve and what it spent so far, and no objective values.
     """
     from paretolab.plugin_api.costs import CostLedger
     from paretolab.plugin_api.manager import registries
@@ -56,6 +59,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             deadline=time.time() + settings.timeout_s if settings.timeout_s > 0 else None,
             models=dict(roles or {}),
             costs=CostLedger(dict(settings.prices)),
+            reporter=report,
         )
         ctx.stage_s, ctx.stage_energy_j = result.stage_s, meter.joules  # live: measures read the stages finished before them
         try:
@@ -110,6 +114,10 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             bad = sorted(k for k, v in result.metrics.items() if math.isnan(v))
             if bad:
                 result.error = f"metric(s) {', '.join(bad)} are NaN"
+        except TrialPruned as stop:
+            result.pruned_at = stop.step
+            result.metrics = spent_so_far(stop.subject, ctx)
+            result.history = curve_history(stop.subject) if stop.subject is not None else {}
         except Exception as exc:  # a broken trial must not take the study down
             result.error = f"{type(exc).__name__}: {exc}"
             result.traceback = traceback.format_exc()
@@ -163,7 +171,16 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
             meter.end(f"transform:{stage.stage}")
         if method.cost_is == "simulated" and method.name not in subject.simulated_by:
             subject.simulated_by.append(method.name)
+        if ctx.pruned_at is not None:  # the method returned early because the pruner said stop
+            raise TrialPruned(ctx.pruned_at, subject)
     return subject, methods
+
+
+def spent_so_far(subject: Subject | None, ctx: TrialContext) -> dict[str, float]:
+    """What a pruned trial spent before it stopped: its training's counters (steps, tokens, FLOPs, last losses) and priced costs."""
+    spent = dict(subject.training.metrics) if subject is not None and subject.training is not None else {}
+    spent.update(ctx.costs.metrics())
+    return {k: float(v) for k, v in spent.items() if isinstance(v, (int, float))}
 
 
 def _guard_tokenizer(base: Subject, before: tuple[str, ...], culprit: str) -> None:

@@ -36,8 +36,16 @@ class TrialWorker:
     def ready(self) -> str:
         return self.name
 
-    def run(self, plan: list[StagePlan], number: int) -> TrialResult:
-        result = run_trial(self.base, plan, self.settings, number, roles=self.roles)
+    def run(self, plan: list[StagePlan], number: int, board: Any = None) -> TrialResult:
+        """Run one trial; with ``board`` (the study's PruneBoard actor) its reports go to the pruner, which may stop it."""
+        report = None
+        if board is not None:
+            import ray
+
+            def report(step: int, values: dict[str, float]) -> bool:
+                return bool(ray.get(board.report.remote(number, step, values)))
+
+        result = run_trial(self.base, plan, self.settings, number, roles=self.roles, report=report)
         result.worker = self.name
         result.info.update(self.placement)
         return result

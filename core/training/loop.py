@@ -54,6 +54,7 @@ class TrainState:
     last_loss: float = float("nan")
     lr: float = 0.0
     stopped_by: str = ""
+    last_eval: tuple[float, int] = (0.0, 0)  # (held-out nll, tokens) of the last evaluation point
     rebuild_optimizer: bool = False  # set by a hook in before_step after it changed the model's parameters: the loop rebuilds AdamW before the step
     extra: dict[str, Any] = field(default_factory=dict)  # for hooks to share facts within a stage
 
@@ -240,7 +241,10 @@ def train(subject: Any, opts: Any, ctx: Any, *, val_corpus: str) -> dict[str, fl
     model = subject.model
     model.eval()
 
-    nll, count = heldout_nll(model, val_windows, batch=opts.batch, device=device)
+    if state.stopped_by == "pruned":  # the last evaluation point was this very step: no second pass over the held-out windows
+        nll, count = state.last_eval
+    else:
+        nll, count = heldout_nll(model, val_windows, batch=opts.batch, device=device)
     elapsed = time.perf_counter() - start
     record.optimizer_state = _named_optimizer_state(model, optimizer)
     record.stages_run += 1
@@ -296,6 +300,11 @@ def _eval_point(state: TrainState, record: Training, windows: torch.Tensor, loss
         "s": record.metrics.get("train_s", 0.0) + time.perf_counter() - start,
     }
     record.curve.append(row)
+    state.last_eval = (nll, count)
+    report = getattr(state.ctx, "report", None)  # the study's pruner (search.pruner), told while the stage goes on
+    step = int(record.metrics.get("train_steps", 0)) + state.step  # optimizer steps over the trial's train stages
+    if not state.stopped_by and report is not None and report(step, {"val_loss": row["val_loss"], "train_loss": row["train_loss"]}):
+        state.stopped_by = "pruned"
     log.info("train %s step %d tokens %d: train_loss %.4f val_loss %.4f", row["stage"], row["step"], row["tokens"], row["train_loss"], row["val_loss"])
 
 
