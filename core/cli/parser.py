@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
     run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
     run.add_argument("--retry-failed", action="store_true", help="with --resume: run the parameters of failed trials again (e.g. after a crash killed them)")
+    run.add_argument("--from-study", metavar="OTHER", help="first copy the finished trials of study OTHER (same model, task, objectives "
+                     "and search space) into this one: labelled copied, never re-run, not counted in search.trials")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
     _store_flags(run)

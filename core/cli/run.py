@@ -28,12 +28,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name in dict.fromkeys([spec.model, *spec.models.values()]):
             check_model(name)
     stores = stores_from_flags(args, create=True)
-    outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed, progress=not args.no_progress)
+    outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed,
+                        from_study=args.from_study, progress=not args.no_progress)
     rows = frontier_rows(spec.name, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
-        print(f"\n{outcome.completed} trial(s) completed, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
+        pruned = f", {outcome.pruned} pruned" if outcome.pruned else ""
+        print(f"\n{outcome.completed} trial(s) completed{pruned}, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
         print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
         note = quality_note(spec.model, spec.raw)

@@ -15,6 +15,7 @@ from paretolab.stores import Stores
 ROLE = "paretolab.role"
 STUDY = "paretolab.study"
 TRIAL = "paretolab.trial_number"
+TRIAL_STATE = "paretolab.trial_state"  # PRUNED on a pruned trial's run (its MLflow status is KILLED)
 
 
 class Tracker:
@@ -49,12 +50,20 @@ class Tracker:
         self._log(run.info.run_id, {}, params, {})
         return run.info.run_id
 
-    def finished_trial(self, number: int) -> dict[str, float] | None:
-        """Metrics of trial ``number`` if it was fully logged already (driver died before Optuna heard)."""
+    def finished_trial(self, number: int) -> tuple[str, dict[str, float]] | None:
+        """(run id, metrics) of trial ``number`` if it was fully logged already (driver died before Optuna heard)."""
         for run in self._trial_runs(number):
             if run.info.status == "FINISHED":
-                return dict(run.data.metrics)
-            self.client.delete_run(run.info.run_id)  # half-written: drop it, the trial runs again
+                return run.info.run_id, dict(run.data.metrics)
+            if run.info.status != "FAILED" and run.data.tags.get(TRIAL_STATE) != "PRUNED":
+                self.client.delete_run(run.info.run_id)  # half-written: drop it, the trial runs again
+        return None
+
+    def pruned_trial(self, number: int) -> tuple[str, int] | None:
+        """(run id, the step it was pruned at) of trial ``number``, if its run was logged as pruned."""
+        for run in self._trial_runs(number):
+            if run.info.status == "KILLED" and run.data.tags.get(TRIAL_STATE) == "PRUNED":
+                return run.info.run_id, int(run.data.tags.get("paretolab.pruned_at_step", 0))
         return None
 
     def failed_trial(self, number: int) -> str | None:
@@ -81,6 +90,8 @@ class Tracker:
         }
         if result.failed:
             run_tags["paretolab.failure"] = (result.error or "")[:4000]
+        elif result.pruned:
+            run_tags.update({TRIAL_STATE: "PRUNED", "paretolab.pruned_at_step": str(result.pruned_at)})
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags=run_tags)
         run_id = run.info.run_id
         metrics = {k: v for k, v in result.metrics.items() if v == v}  # NaN can't be logged
@@ -97,7 +108,7 @@ class Tracker:
                 for name, payload in artifacts.items():
                     (Path(tmp) / name).write_bytes(payload)
                 self.client.log_artifacts(run_id, tmp)
-        self.client.set_terminated(run_id, "FAILED" if result.failed else "FINISHED")
+        self.client.set_terminated(run_id, "FAILED" if result.failed else "KILLED" if result.pruned else "FINISHED")
         return run_id
 
     def _log_history(self, run_id: str, history: dict[str, list[tuple[int, float]]]) -> None:
@@ -110,6 +121,35 @@ class Tracker:
         points = [Metric(k, float(v), now, int(step)) for k, series in history.items() for step, v in series if v == v]
         for i in range(0, len(points), 1000):  # log_batch takes at most 1000 metrics per call
             self.client.log_batch(run_id, metrics=points[i : i + 1000])
+
+    def copy_trial(self, run_id: str, parent: str, number: int, tags: dict[str, str]) -> tuple[str, dict[str, float]]:
+        """Copy another study's trial run (params, metrics and curves, tags, artifacts, status) as trial ``number`` here.
+
+        Returns (the new run's id, its metrics); ("", {}) when the source run is gone.
+        """
+        try:
+            source = self.client.get_run(run_id) if run_id else None
+        except Exception:
+            source = None
+        if source is None:
+            return "", {}
+        kept = {k: v for k, v in source.data.tags.items() if not k.startswith("mlflow.") and k not in (STUDY, TRIAL)}
+        run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
+            **kept, STUDY: self.study, TRIAL: str(number), "mlflow.parentRunId": parent, **tags})
+        new = run.info.run_id
+        metrics = dict(source.data.metrics)
+        self._log(new, {k: v for k, v in metrics.items() if not k.startswith("curve.")}, dict(source.data.params), {})
+        curves = {k: [(m.step, m.value) for m in self.client.get_metric_history(run_id, k)] for k in metrics if k.startswith("curve.")}
+        self._log_history(new, curves)
+        with tempfile.TemporaryDirectory() as tmp:
+            if self.client.list_artifacts(run_id):
+                self.client.log_artifacts(new, self.client.download_artifacts(run_id, "", tmp))
+        self.client.set_terminated(new, source.info.status)
+        return new, metrics
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        if run_id and tags:
+            self._log(run_id, {}, {}, tags)
 
     def finish_study(self, parent: str, summary: dict[str, float]) -> None:
         self._log(parent, summary, {}, {})

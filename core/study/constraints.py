@@ -25,6 +25,7 @@ from paretolab.errors import ConfigError
 from paretolab.study.arms import arm_params, in_arm
 from paretolab.study.fields import lookup, no_unknown
 
+STUDY_ATTR = "constraints"  # study user attr: the pipeline's bounds in words (empty without constraints)
 FEASIBLE = "feasible"  # user attr: True / False
 VIOLATIONS = "constraint_violations"  # user attr: one value per bound (> 0: by how much not)
 REASON = "infeasible_because"  # user attr: the broken bounds in words
@@ -90,13 +91,34 @@ def parse_constraints(raw: Any, stages: tuple[Any, ...], regs: Any) -> tuple[Con
     return tuple(out)
 
 
-def reference_arms(constraints: tuple[Constraint, ...]) -> list[dict[str, Any]]:
-    """The distinct arms the relative bounds refer to, as Optuna parameters (the driver runs them first)."""
-    seen: list[dict[str, Any]] = []
+def reference_arms(constraints: tuple[Constraint, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, Optuna parameters) of each distinct arm a relative bound refers to (the driver runs them first)."""
+    seen: list[tuple[str, dict[str, Any]]] = []
     for c in constraints:
-        if c.ratio_to is not None and dict(c.arm) not in seen:
-            seen.append(dict(c.arm))
+        if c.ratio_to is not None and dict(c.arm) not in [arm for _, arm in seen]:
+            seen.append((f"the reference of constraints: {c.ratio_to}", dict(c.arm)))
     return seen
+
+
+def missing_references(constraints: tuple[Constraint, ...], study: Any) -> list[str]:
+    """The reference arms without a complete trial yet (their labels)."""
+    import optuna
+
+    complete = [t.params for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    return [label for label, arm in reference_arms(constraints) if not any(in_arm(p, arm) for p in complete)]
+
+
+def trial_verdict(constraints: tuple[Constraint, ...], study: Any, number: int, params: dict[str, Any],
+                  metrics: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
+    """:func:`verdict_attrs` of trial ``number``, its references read from the study's complete trials (and itself)."""
+    import optuna
+
+    if not constraints:
+        return {}, {}
+    done = [(t.number, t.params, t.user_attrs.get(MEASURED) or {})
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    refs = references(constraints, [*done, (number, params, metrics)])
+    return verdict_attrs(constraints, metrics, refs)
 
 
 def references(constraints: tuple[Constraint, ...], trials: list[tuple[int, dict[str, Any], dict[str, float]]]) -> dict[int, float | None]:
@@ -122,6 +144,10 @@ def judge(constraints: tuple[Constraint, ...], metrics: dict[str, float], refs: 
             values.append(math.inf)
             broken.append(f"{c.metric} not reported")
             continue
+        if c.ratio_to is not None and refs.get(i) is None:
+            values.append(math.inf)
+            broken.append(f"{c.metric}: its reference {c.ratio_to} has no complete trial yet")
+            continue
         v = c.violation(value, refs.get(i))
         values.append(v)
         if v > 0:
@@ -137,3 +163,10 @@ def verdict_attrs(constraints: tuple[Constraint, ...], metrics: dict[str, float]
     user = {FEASIBLE: not reason, VIOLATIONS: [min(v, 1e300) for v in values], REASON: reason,
             MEASURED: {c.metric: float(metrics[c.metric]) for c in constraints if c.metric in metrics}}
     return user, {str(i): min(v, 1e300) for i, v in enumerate(values)}
+
+
+def verdict_tags(verdict: dict[str, Any]) -> dict[str, str]:
+    """The MLflow tags of a trial's verdict (none without constraints)."""
+    if FEASIBLE not in verdict:
+        return {}
+    return {"paretolab.feasible": "true" if verdict[FEASIBLE] else "false", "paretolab.infeasible_because": verdict[REASON][:4000]}

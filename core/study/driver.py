@@ -18,7 +18,7 @@ import optuna
 
 from paretolab.cluster.ray_init import init_ray, ray_auth_env
 from paretolab.cluster.reach import require_reachable
-from paretolab.errors import ConfigError, first_line
+from paretolab.errors import ConfigError, ParetolabError, first_line
 from paretolab.plugin_api.manager import plugin_manager, registries
 from paretolab.records import StagePlan, TrialInfo, TrialResult, TrialSettings
 from paretolab.stores.locations import Stores
@@ -35,9 +35,12 @@ from paretolab.study.optuna_study import (
 )
 from paretolab.study.pool import WorkerPool
 from paretolab.study.recording import record_trial, study_tags, trial_tags
-from paretolab.study.proposer import Proposer
+from paretolab.study.constraints import missing_references, reference_arms
+from paretolab.study.proposer import ENQUEUED, Proposer
+from paretolab.study.pruning import start_board
 from paretolab.study.search import grid_points, plan_trial
 from paretolab.study.spec import StudySpec
+from paretolab.study.warm import copied_count, copy_from, open_source
 
 
 @dataclass
@@ -49,6 +52,7 @@ class StudyOutcome:
     completed: int = 0
     failed: int = 0
     retried: int = 0
+    pruned: int = 0
     wall_s: float = 0.0
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
@@ -71,6 +75,7 @@ def run_study(
     resume: bool = False,
     trials: int | None = None,
     retry_failed: bool = False,
+    from_study: str | None = None,
     progress: bool = True,
     log: Any = print,
 ) -> StudyOutcome:
@@ -80,17 +85,20 @@ def run_study(
     and a study another live driver owns (StudyOwnedError naming it). This driver then owns the
     study until it returns or dies, so a RUNNING trial it finds was left by a driver that is gone.
     ``retry_failed`` queues the parameters of failed trials again (those no complete trial has),
-    as new trials on top of the target; the failed ones stay in the history.
+    as new trials on top of the target; the failed ones stay in the history. ``from_study`` copies
+    another study's finished trials in first (see :mod:`paretolab.study.warm`); they never run again
+    and do not count against the target.
     """
     points = grid_points(spec) if spec.search.sampler == "grid" else None
     if points is not None:
         _grid_trials(spec, points, trials, log)
     if address:
         require_reachable("--address", address)
+    source = open_source(from_study, spec, stores) if from_study else None
     lock = guarded("Optuna", stores.optuna_url, lambda: own_study(stores.optuna_url, spec.name))
     try:
         return _drive(spec, stores=stores, address=address, resume=resume, trials=trials, retry_failed=retry_failed,
-                      progress=progress, log=log, points=points)
+                      source=source, progress=progress, log=log, points=points)
     finally:
         lock.release()
 
@@ -113,6 +121,7 @@ def _drive(
     resume: bool = False,
     trials: int | None = None,
     retry_failed: bool = False,
+    source: optuna.Study | None = None,
     progress: bool = True,
     log: Any = print,
     points: list[dict[str, Any]] | None = None,
@@ -126,8 +135,14 @@ def _drive(
     study = open_study(spec, stores, resume, trials)
     outcome = StudyOutcome(study=spec.name, planned=target)
     tracker = Tracker(stores, spec.name)
-    proposer = Proposer(spec, study, points)
     parent = tracker.study_run(study_tags(spec), {"pipeline": spec.raw})
+    if source is not None:
+        copy_from(source, spec, study, tracker, parent, log)
+    if points is None:  # copied trials come on top of the study's own (a grid's copied points are simply not run again)
+        target += copied_count(study)
+        outcome.planned = target
+    first = [*reference_arms(spec.constraints), *((f"search.enqueue[{i}]", p) for i, p in enumerate(spec.search.enqueue))]
+    proposer = Proposer(spec, study, points, first)
     regs = registries()
     hooks = plugin_manager().hook
 
@@ -162,6 +177,7 @@ def _drive(
         raise
 
     tags = trial_tags(spec, regs)
+    board = start_board(spec.search.pruner, study)
     in_flight: dict[Any, _Job] = {}
     bar = _progress(progress, target, done, spec.name)
     start = time.perf_counter()
@@ -169,7 +185,7 @@ def _drive(
 
     def record(job: _Job, result: TrialResult, now: float) -> None:
         nonlocal done
-        done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks)
+        done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks, board)
         bar.update(1)
 
     try:
@@ -182,6 +198,8 @@ def _drive(
                 elif waiting:
                     trial, attempt, waiting = study.ask(), 1, waiting - 1
                 else:
+                    if _awaiting_references(spec, study, proposer, in_flight):
+                        break  # a relative constraint's reference is still running: later trials are judged against it
                     proposed = proposer.ask()
                     if proposed is None:  # a discrete space with no untried point left
                         log(f"every one of the {proposer.size} distinct parameter sets has run; stopping at {done + len(in_flight)} trials")
@@ -191,7 +209,7 @@ def _drive(
                 plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
                 worker = pool.take()
                 hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
-                ref = worker.run.remote(plan, trial.number)
+                ref = worker.run.remote(plan, trial.number, board)
                 in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
             if not in_flight and not (pool.starting and (redo or done < target)):
                 break
@@ -236,10 +254,27 @@ def _drive(
         stop.restore()
         bar.close()
         pool.shutdown()
+        if board is not None:
+            ray.kill(board)
     outcome.wall_s = time.perf_counter() - start
     if not outcome.interrupted:
         tracker.finish_study(parent, {"trials_complete": float(count_in_state(study, optuna.trial.TrialState.COMPLETE)), "trials_failed": float(count_in_state(study, optuna.trial.TrialState.FAIL))})
     return outcome
+
+
+def _awaiting_references(spec: StudySpec, study: optuna.Study, proposer: Proposer, in_flight: dict[Any, _Job]) -> bool:
+    """Whether to wait for a reference arm's trial; an error once none of its trials can complete any more."""
+    if not spec.constraints or proposer.first:
+        return False
+    missing = missing_references(spec.constraints, study)
+    if not missing:
+        return False
+    if in_flight:
+        return True
+    failed = [f"trial {t.number}: {t.user_attrs.get('fail_reason', t.state.name.lower())}" for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get(ENQUEUED, "") in missing]
+    raise ParetolabError(f"{missing[0]} did not complete ({'; '.join(failed) or 'it never ran'}), so no trial can be judged against it; "
+                         "fix its failure and run again with --resume, or drop the relative bound from constraints:")
 
 
 class _StopSignal:

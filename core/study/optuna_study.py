@@ -14,6 +14,7 @@ import optuna
 from paretolab.errors import ConfigError
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import guarded, optuna_storage
+from paretolab.study.constraints import STUDY_ATTR, trial_verdict, verdict_tags
 from paretolab.study.proposer import params_key
 from paretolab.study.spec import StudySpec
 
@@ -24,6 +25,9 @@ MLFLOW_RUN = "mlflow_run_id"
 
 
 ATTEMPTS = "attempts"
+
+
+PRUNED_AT = "pruned_at_step"  # user attr of a pruned trial: the step its pruner stopped it at
 
 
 def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None = None) -> optuna.Study:
@@ -39,6 +43,7 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
         study.set_user_attr("model", spec.model)
         study.set_user_attr("methods", spec.methods())
         study.set_user_attr("pipeline", spec.raw)
+        study.set_user_attr(STUDY_ATTR, [c.describe() for c in spec.constraints])
         return study
     stored = study.user_attrs.get("pipeline_hash")
     if not spec.matches_hash(stored):
@@ -68,8 +73,16 @@ def stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, log: Any) -
     redo = []
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         trial = optuna.Trial(study, frozen._trial_id)
-        metrics = tracker.finished_trial(frozen.number)
-        if metrics is not None:
+        finished = tracker.finished_trial(frozen.number)
+        if finished is not None:
+            run_id, metrics = finished
+            trial.set_user_attr(MLFLOW_RUN, run_id)
+            verdict, bounds = trial_verdict(spec.constraints, study, frozen.number, frozen.params, metrics)
+            tracker.set_tags(run_id, verdict_tags(verdict))
+            for key, value in verdict.items():
+                trial.set_user_attr(key, value)
+            for key, bound in bounds.items():
+                trial.set_constraint(key, bound)
             study.tell(trial, [metrics[o.metric] for o in spec.objectives])
             log(f"trial {frozen.number}: recovered from its MLflow run")
             continue
@@ -77,6 +90,14 @@ def stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, log: Any) -
         if reason is not None:
             trial.set_user_attr(FAIL_REASON, reason)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        pruned = tracker.pruned_trial(frozen.number)
+        if pruned is not None:
+            run_id, step = pruned
+            trial.set_user_attr(MLFLOW_RUN, run_id)
+            trial.set_user_attr(PRUNED_AT, step)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            log(f"trial {frozen.number}: recovered as pruned (at step {step}) from its MLflow run")
             continue
         attempt = int(frozen.user_attrs.get(ATTEMPTS, 1))
         redo.append((trial, attempt))

@@ -6,15 +6,22 @@ made with a sampler seeded by the new trial's number: a resumed or extended stud
 its sequence instead of replaying it. A set that an earlier trial had is drawn again (up to
 ``RETRIES`` times); in a discrete space it is then replaced by an untried point, and once every
 point has run the study stops there.
+
+``first``: labelled partial points that go before any proposal (the reference arms of relative
+``constraints:``, then ``search.enqueue``); the sampler fills in the parameters a point leaves
+open, each trial keeps its label as the user attr ``enqueued_as``, and a point some earlier trial
+already holds (a resumed study) is not run again.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
 import optuna
 
+from paretolab.study.arms import in_arm
 from paretolab.study.search import (
     grid_points,
     make_sampler,
@@ -25,6 +32,7 @@ from paretolab.study.search import (
 from paretolab.study.spec import StudySpec
 
 RETRIES = 20
+ENQUEUED = "enqueued_as"  # user attr: why a trial ran first (its search.enqueue entry, or the constraint it is the reference of)
 ENUMERABLE = 200_000  # a discrete space up to this size may be listed to find an untried point
 
 
@@ -37,7 +45,8 @@ def params_key(params: dict[str, Any]) -> tuple:
 class Proposer:
     """Proposes the parameters of each new trial of one study (the driver that owns it calls this)."""
 
-    def __init__(self, spec: StudySpec, study: optuna.Study, points: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, spec: StudySpec, study: optuna.Study, points: list[dict[str, Any]] | None = None,
+                 first: list[tuple[str, dict[str, Any]]] | None = None) -> None:
         self.spec = spec
         self.study = study
         self.points = points
@@ -48,11 +57,21 @@ class Proposer:
         for t in study.get_trials(deepcopy=False):
             fixed = t.system_attrs.get("fixed_params") if t.state == optuna.trial.TrialState.WAITING else None
             self.seen.add(params_key(fixed if fixed is not None else t.params))
+        self.first = [(label, partial) for label, partial in first or [] if not self._held(partial)]
+        self._label = ""
 
     @property
     def exhausted(self) -> bool:
         """Every distinct parameter set of a discrete space has been tried."""
         return self.size is not None and len(self.seen) >= self.size
+
+    def _held(self, partial: dict[str, Any]) -> bool:
+        """Whether a trial that is not failed (complete, pruned, running or queued) already has ``partial``'s values."""
+        for t in self.study.get_trials(deepcopy=False):
+            params = t.system_attrs.get("fixed_params", {}) if t.state == optuna.trial.TrialState.WAITING else t.params
+            if t.state != optuna.trial.TrialState.FAIL and in_arm(params, partial):
+                return True
+        return False
 
     def ask(self) -> optuna.Trial | None:
         """Enqueue the next proposal and ask the study for it; None when nothing untried is left."""
@@ -63,10 +82,18 @@ class Proposer:
         trial = self.study.ask()
         for key, value in self._attrs.items():  # the sampler's own bookkeeping, e.g. NSGA-II's generation
             self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        if self._label:
+            trial.set_user_attr(ENQUEUED, self._label)
+            self._label = ""
         return trial
 
     def next(self) -> dict[str, Any] | None:
         """Parameters for the next trial, or None when every point of a discrete space has run."""
+        if self.first:
+            self._label, partial = self.first.pop(0)
+            params = self._fill(partial, len(self.study.get_trials(deepcopy=False)))
+            self.seen.add(params_key(params))
+            return params
         if self.points is not None:
             return self._next_grid_point()
         if self.exhausted:
@@ -87,9 +114,29 @@ class Proposer:
                 return point
         return None
 
-    def _sample(self, number: int) -> dict[str, Any]:
+    def _mirror(self, number: int) -> optuna.Study:
+        """An in-memory copy of the study's trials with a sampler seeded by ``number``: where proposals are drawn."""
         mirror = optuna.create_study(directions=self.study.directions, sampler=make_sampler(self.spec, number))
-        mirror.add_trials([t for t in self.study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING])
+        mirror.add_trials([_as_sampled(t, len(self.study.directions)) for t in self.study.get_trials(deepcopy=False)
+                           if t.state != optuna.trial.TrialState.WAITING])
+        return mirror
+
+    def _fill(self, partial: dict[str, Any], number: int) -> dict[str, Any]:
+        """A whole parameter set with ``partial``'s values: the grid's first point that has them, else the sampler's pick."""
+        if self.points is not None:
+            matching = [p for p in self.points if in_arm(p, partial)]
+            if not matching:
+                raise ValueError(f"no point of the grid has {partial}")
+            return next((p for p in matching if params_key(p) not in self.seen), matching[0])
+        mirror = self._mirror(number)
+        mirror.enqueue_trial(partial, skip_if_exists=False)
+        trial = mirror.ask()
+        plan_trial(trial, self.spec)
+        self._attrs = {}
+        return dict(trial.params)
+
+    def _sample(self, number: int) -> dict[str, Any]:
+        mirror = self._mirror(number)
         params: dict[str, Any] = {}
         for attempt in range(2 * RETRIES):
             if attempt == RETRIES:  # the sampler keeps exploiting one point: explore at random instead
@@ -111,3 +158,16 @@ class Proposer:
             return None
         left = [p for p in grid_points(self.spec) if params_key(p) not in self.seen]
         return random.Random(trial_seed(self.spec.search.seed, number)).choice(left) if left else None
+
+
+def _as_sampled(trial: optuna.trial.FrozenTrial, objectives: int) -> optuna.trial.FrozenTrial:
+    """A trial as the sampler may see it: a pruned trial of a multi-objective study loses its reports.
+
+    TPE ranks pruned trials by their last report with ``study.direction``, which a study with several
+    objectives does not have; without reports every pruned trial counts among the bad ones.
+    """
+    if objectives == 1 or trial.state != optuna.trial.TrialState.PRUNED or not trial.intermediate_values:
+        return trial
+    bare = copy.copy(trial)
+    bare.intermediate_values = {}
+    return bare

@@ -8,27 +8,45 @@ from typing import Any
 import optuna
 
 from paretolab.records import StagePlan, TrialInfo, TrialResult
-from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN
+from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN, PRUNED_AT
+from paretolab.study.constraints import trial_verdict, verdict_tags
+from paretolab.study.pruning import keep_reports
 from paretolab.study.spec import StudySpec
 from paretolab.version import code_version
 
 
-def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: Any, result: TrialResult, tags: dict[str, str], now: float, outcome: Any, hooks: Any) -> int:
-    """Log one trial to MLflow, then tell Optuna. Returns 1 (one more finished trial)."""
-    if not result.failed:
+def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec, job: Any, result: TrialResult, tags: dict[str, str],
+                 now: float, outcome: Any, hooks: Any, board: Any = None) -> int:
+    """Log one trial to MLflow, then tell Optuna (complete, failed or pruned). Returns 1 (one more finished trial).
+
+    ``board``: the study's PruneBoard actor (with ``search.pruner``); the trial's reports are stored with it.
+    """
+    if not result.failed and not result.pruned:
         result.error = _objective_problem(spec, result.metrics)
+    if board is not None and spec.search.pruner is not None:
+        keep_reports(board, study, job.trial, result, spec.search.pruner.metric)
     inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
     wall = now - job.started
     if result.metrics:
         result.metrics["overhead_s"] = max(wall - inside, 0.0)
         outcome.overhead_s.append(result.metrics["overhead_s"])
+    verdict, bounds = ({}, {}) if result.failed or result.pruned else trial_verdict(spec.constraints, study, job.trial.number, job.trial.params, result.metrics)
     params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
-    run_id = tracker.log_trial(parent, job.trial.number, params, result, {**tags, "paretolab.study.worker": result.worker})
+    run_tags = {**tags, "paretolab.study.worker": result.worker, **verdict_tags(verdict)}
+    run_id = tracker.log_trial(parent, job.trial.number, params, result, run_tags)
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    for key, value in verdict.items():
+        job.trial.set_user_attr(key, value)
+    for key, value in bounds.items():  # NSGA-II and TPE steer away from trials with a positive value
+        job.trial.set_constraint(key, value)
     if result.failed:
         job.trial.set_user_attr(FAIL_REASON, result.error)
         study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
         outcome.failed += 1
+    elif result.pruned:
+        job.trial.set_user_attr(PRUNED_AT, result.pruned_at)
+        study.tell(job.trial, state=optuna.trial.TrialState.PRUNED)
+        outcome.pruned += 1
     else:
         study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
         outcome.completed += 1
