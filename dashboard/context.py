@@ -88,7 +88,7 @@ class Context:
     def numeric_metrics(self, frame: pd.DataFrame) -> list[str]:
         """Objectives first, then the speedups against the unmodified model (they survive load), then every other numeric metric."""
         objectives = [m for m, _ in self.table.objectives]
-        skip = {"number", "run_status", *objectives}
+        skip = {"number", "run_status", "feasible", *objectives}  # a verdict, not a metric
         others = [c for c in frame.columns if c not in skip and not c.startswith(("param:", "paretolab.", "datetime"))
                   and pd.api.types.is_numeric_dtype(frame[c]) and frame[c].notna().any()]
         return objectives + sorted(others, key=lambda m: (not m.endswith("_speedup"), m))

@@ -4,7 +4,8 @@ Trials are grouped by what differs between them apart from the seed: the methods
 stages picked (methods every trial ran, such as ``train``, are left out of the label) and the
 parameters that vary across the study other than ``*.seed``. A group's seeds are aligned on
 the first seed's x values (linear interpolation, no extrapolation) to draw their mean and a
-band: min–max or ± one standard error across seeds.
+band: min–max or ± one standard error across seeds. A pruned trial (stopped early by the study's pruner)
+is drawn alone, faded and dotted up to where it stopped, and kept out of its group's mean, band and summary.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class TrialCurve:
     seed: Any
     x: np.ndarray
     y: dict[str, np.ndarray]  # loss name -> values at x (NaN where unknown)
+    pruned_at: int | None = None  # the step the pruner stopped the trial at; None for a trial that ran to the end
+
+    @property
+    def label(self) -> str:
+        step = f"pruned at step {self.pruned_at}" if self.pruned_at is not None and self.pruned_at >= 0 else "pruned (step not recorded)"
+        return f"{self.group} · trial {self.number} · {step}"
 
 
 def variant_labels(methods: pd.Series) -> pd.Series:
@@ -69,8 +76,21 @@ def trial_curves(frame: pd.DataFrame, curves: dict[int, Any], x: str, losses: li
             continue
         xs = [float(r[x]) for r in curve.rows if _finite(r.get(x))]
         ys = {loss: np.array([float(r.get(loss, np.nan)) for r in curve.rows if _finite(r.get(x))]) for loss in losses}
-        out.append(TrialCurve(int(row["number"]), group, seed_of(row, curve), np.array(xs), ys))
+        out.append(TrialCurve(int(row["number"]), group, seed_of(row, curve), np.array(xs), ys, pruned_step(row)))
     return out
+
+
+def pruned_step(row: pd.Series) -> int | None:
+    """The step a pruned trial was stopped at (-1 when the driver did not record it); None for any other trial."""
+    if row.get("state") != "PRUNED":
+        return None
+    step = row.get("pruned_at_step")
+    return int(step) if isinstance(step, (int, float)) and step == step else -1
+
+
+def completed(curves: list[TrialCurve]) -> list[TrialCurve]:
+    """The curves of trials that ran to the end: the ones grouped into means, bands and summaries."""
+    return [c for c in curves if c.pruned_at is None]
 
 
 def aligned(members: list[TrialCurve], loss: str) -> tuple[np.ndarray, np.ndarray]:
@@ -118,8 +138,10 @@ def by_group(curves: list[TrialCurve]) -> dict[str, list[TrialCurve]]:
 def curves_figure(curves: list[TrialCurve], x: str, losses: list[str], kind: str, *, log_x: bool = False) -> go.Figure:
     """Mean line and band per group (``kind`` min–max or ± stderr), or one line per seed; a second loss dashed."""
     fig = go.Figure()
-    for i, (group, members) in enumerate(by_group(curves).items()):
-        colour = PALETTE[i % len(PALETTE)]
+    groups = sorted({c.group for c in curves})
+    colours = {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(groups)}
+    for group, members in by_group(completed(curves)).items():
+        colour = colours[group]
         for j, loss in enumerate(losses):
             dash = "solid" if j == 0 else "dash"
             name = group if j == 0 else f"{group} · {loss}"
@@ -138,6 +160,12 @@ def curves_figure(curves: list[TrialCurve], x: str, losses: list[str], kind: str
             fig.add_trace(go.Scatter(x=xs, y=mean, mode="lines+markers", name=f"{name} ({len(members)} seed{'s' if len(members) != 1 else ''})",
                                      legendgroup=group, line={"color": colour, "dash": dash, "width": 2}, marker={"size": 4},
                                      hovertemplate=f"{group}: mean of {len(members)}<br>{x} %{{x:.4g}}<br>{loss} %{{y:.4f}}<extra></extra>"))
+    for c in (c for c in curves if c.pruned_at is not None):  # each alone, faded and dotted, up to where it stopped
+        for j, loss in enumerate(losses):
+            fig.add_trace(go.Scatter(x=c.x, y=c.y[loss], mode="lines+markers", name=c.label + (f" · {loss}" if j else ""), legendgroup=c.group,
+                                     opacity=0.5, line={"color": colours[c.group], "dash": "dot" if j == 0 else "dashdot", "width": 1.5},
+                                     marker={"size": 4}, customdata=[c.number] * len(c.x),
+                                     hovertemplate=f"{c.label}<br>{x} %{{x:.4g}}<br>{loss} %{{y:.4f}}<extra></extra>"))
     fig.update_layout(xaxis_title=X_TITLES.get(x, x), yaxis_title=losses[0] if len(losses) == 1 else "loss (train dashed)", legend_title="group",
                       height=520, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_type="log" if log_x else "linear")
     return fig

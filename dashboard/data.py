@@ -26,10 +26,13 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from paretolab.results.frontier import pareto_indices
+from paretolab.results.frontier import CONSTRAINTS, pareto_indices
+from paretolab.study.constraints import FEASIBLE, REASON
+from paretolab.study.optuna_study import PRUNED_AT
 
 STATES = ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")
 NONE_METHOD = "none"
+TRIAL_ATTRS = {"mlflow_run_id": "", "fail_reason": "", FEASIBLE: True, REASON: "", PRUNED_AT: None}  # user attr -> value when absent
 
 
 class EmptyStoreError(LookupError):
@@ -49,6 +52,7 @@ class StudyInfo:
     model: str
     methods: list[str]
     pipeline: dict[str, Any]
+    constraints: tuple[str, ...] = ()  # the pipeline's bounds in words (a trial must meet them to be on a frontier)
 
     @property
     def finished(self) -> int:
@@ -66,7 +70,9 @@ class TrialTable:
     Columns: ``number``, ``state``, ``datetime_start``, ``datetime_complete``, one column per
     objective metric, ``param:<name>`` per Optuna parameter, ``methods`` (the label of the
     trial's method combination, e.g. ``magnitude+rtn``), ``simulated`` (methods whose cost
-    saving is simulated, comma-separated), ``mlflow_run_id`` and ``fail_reason``.
+    saving is simulated, comma-separated), ``mlflow_run_id``, ``fail_reason``, ``feasible`` (False only
+    for a trial that breaks the study's constraints), ``infeasible_because`` and ``pruned_at_step`` (None
+    unless the pruner stopped the trial).
     """
 
     study: StudyInfo
@@ -94,12 +100,20 @@ class TrialTable:
     def complete(self) -> pd.DataFrame:
         return self.frame[self.frame["state"] == "COMPLETE"]
 
+    def feasible(self) -> pd.DataFrame:
+        """The complete trials that meet the study's constraints: the only ones a frontier is drawn over."""
+        return feasible_rows(self.complete())
+
     def frontier(self, metrics: Sequence[str], directions: Sequence[str], *, by: str | None = None) -> np.ndarray:
-        """Trial numbers on the Pareto frontier of ``metrics`` (per group of column ``by``), cached."""
+        """Trial numbers on the Pareto frontier of ``metrics`` over the feasible trials (per group of column ``by``), cached."""
         key = (tuple(metrics), tuple(directions), by)
         if key not in self._fronts:
-            self._fronts[key] = frontier_numbers(self.complete(), list(metrics), list(directions), by)
+            self._fronts[key] = frontier_numbers(self.feasible(), list(metrics), list(directions), by)
         return self._fronts[key]
+
+
+def feasible_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["feasible"].astype(bool)] if FEASIBLE in frame else frame
 
 
 def frontier_numbers(done: pd.DataFrame, metrics: list[str], directions: list[str], by: str | None = None) -> np.ndarray:
@@ -179,6 +193,7 @@ def _study_info(sid: int, name: str, counts: dict[str, int], last: pd.Timestamp 
     return StudyInfo(
         name=name, study_id=sid, objectives=objectives, counts=counts, planned=max(planned, sum(counts.values())),
         last_update=last, model=str(attrs.get("model", "")), methods=list(attrs.get("methods") or []), pipeline=pipeline,
+        constraints=tuple(str(c) for c in attrs.get(CONSTRAINTS) or []),
     )
 
 
@@ -255,7 +270,7 @@ def read_trials(url: str, info: StudyInfo, methods_cost: dict[str, str]) -> pd.D
                               f"JOIN trials t ON t.trial_id = p.trial_id WHERE t.study_id = {sid}")
         attrs = _fetch(conn, "SELECT a.trial_id, a.key, a.value_json FROM trial_user_attributes a "
                              f"JOIN trials t ON t.trial_id = a.trial_id WHERE t.study_id = {sid} "
-                             "AND a.key IN ('mlflow_run_id', 'fail_reason')")
+                             f"AND a.key IN ({', '.join(repr(k) for k in TRIAL_ATTRS)})")
     n = len(trials)
     ids = np.fromiter((r[0] for r in trials), dtype=np.int64, count=n)
     order = np.argsort(ids)
@@ -295,12 +310,13 @@ def read_trials(url: str, info: StudyInfo, methods_cost: dict[str, str]) -> pd.D
             column = columns.setdefault(column_name, np.full(n, None, dtype=object))
             column[group["row"].to_numpy()] = _external_many(str(dist_json), group["value"].to_numpy(dtype=float))
 
-    run_ids = np.full(n, "", dtype=object)
-    reasons = np.full(n, "", dtype=object)
-    for trial_id, key, value in attrs:
-        (run_ids if key == "mlflow_run_id" else reasons)[rows_of([trial_id])[0]] = json.loads(value)
-    columns["mlflow_run_id"] = run_ids
-    columns["fail_reason"] = reasons
+    found = {key: np.full(n, default, dtype=object) for key, default in TRIAL_ATTRS.items()}
+    if attrs:
+        a_ids, a_keys, a_values = zip(*attrs)
+        for row, key, value in zip(rows_of(list(a_ids)), a_keys, a_values):
+            found[key][row] = json.loads(value)
+    columns.update(found)
+    columns[FEASIBLE] = np.fromiter((v is not False for v in found[FEASIBLE]), dtype=bool, count=n)  # no verdict: feasible
     table = pd.DataFrame(columns)
     labels, simulated = trial_methods(table, info.pipeline, methods_cost)
     table["methods"] = labels

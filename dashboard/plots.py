@@ -20,6 +20,7 @@ from paretolab.dashboard.data import NONE_METHOD
 from paretolab.results.noise import QUALITY, mark_indistinguishable
 from paretolab.stats import interval
 
+INFEASIBLE_COLOUR = "#9a9a9a"  # infeasible trials: grey crosses, drawn but never on a frontier
 WEBGL_ABOVE = 3000  # points; WebGL scatter beyond this, SVG below (WebGL needs a GPU or SwiftShader in the browser)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -28,7 +29,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 class FrontierData:
     """What a frontier plot shows, as data: points, the frontier(s) and the reference."""
 
-    points: pd.DataFrame  # complete trials with x, y (and z) values, a `frontier` flag, `hover` text
+    points: pd.DataFrame  # complete trials with x, y (and z) values, `frontier` and `feasible` flags, `hover` text
     x: str
     y: str
     directions: tuple[str, str]
@@ -36,6 +37,14 @@ class FrontierData:
     front: pd.DataFrame  # the frontier points, sorted by x
     per_method: dict[str, pd.DataFrame]  # method label -> its own frontier, sorted by x
     reference: pd.DataFrame  # trials of the unmodified model (methods == 'none')
+    constraints: tuple[str, ...] = ()  # the study's bounds in words; the frontier is over the trials meeting them
+
+    @property
+    def infeasible(self) -> pd.DataFrame:
+        return self.points[~self.points["feasible"]]
+
+    def infeasible_label(self) -> str:
+        return f"infeasible: breaks {' or '.join(self.constraints)}" if self.constraints else "infeasible"
 
     def csv(self) -> str:
         """The frontier as CSV: trial, the plotted metrics, methods, simulated, params."""
@@ -52,11 +61,14 @@ def frontier_points(
     z: str | None = None,
     per_method: np.ndarray | None = None,
     param_columns: list[str] | None = None,
+    constraints: tuple[str, ...] = (),
 ) -> FrontierData:
-    """Assemble the plot data from a complete-trial frame and the frontier's trial numbers."""
+    """Assemble the plot data from a complete-trial frame (infeasible trials included, to be drawn marked)
+    and the frontier's trial numbers (computed over the feasible ones)."""
     wanted = [x, y] + ([z] if z else [])
     points = frame.dropna(subset=[c for c in wanted if c in frame.columns]).copy()
     points["frontier"] = points["number"].isin(front_numbers)
+    points["feasible"] = points["feasible"].astype(bool) if "feasible" in points else True
     points["hover"] = _hover(points, wanted, param_columns or [])
     front = points[points["frontier"]].sort_values([x, y])
     fronts: dict[str, pd.DataFrame] = {}
@@ -67,7 +79,7 @@ def frontier_points(
     front = front.assign(noise=_within_noise(front, [x, y]))
     keep = ["number", *wanted, "methods", "simulated", *(param_columns or []), "noise"]
     front_out = front[[c for c in keep if c in front.columns] + ["hover", "frontier"]].rename(columns=lambda c: c.removeprefix("param:"))
-    return FrontierData(points, x, y, directions, z, front_out, fronts, reference)
+    return FrontierData(points, x, y, directions, z, front_out, fronts, reference, tuple(constraints))
 
 
 def _within_noise(front: pd.DataFrame, metrics: list[str]) -> list[str]:
@@ -100,7 +112,11 @@ def _hover(points: pd.DataFrame, metrics: list[str], params: list[str]) -> pd.Se
         shown = values.map(lambda v: "" if v is None or v != v else f"<br>{column.removeprefix('param:')} = {v:.4g}" if isinstance(v, float) else f"<br>{column.removeprefix('param:')} = {v}")
         text = text + shown
     simulated = points["simulated"].fillna("")
-    return text + np.where(simulated != "", "<br><i>cost simulated by: " + simulated + "</i>", "")
+    text = text + np.where(simulated != "", "<br><i>cost simulated by: " + simulated + "</i>", "")
+    if "feasible" not in points or points["feasible"].all():
+        return text
+    because = points.get("infeasible_because", pd.Series("", index=points.index)).fillna("").astype(str)
+    return text + np.where(~points["feasible"], "<br><b>infeasible</b>: " + because, "")
 
 
 def step_shape(x_direction: str) -> str:
@@ -115,8 +131,9 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
     labels = sorted(data.points["methods"].unique())
     colours = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
     z_values = data.points[data.z] if data.z else None
+    feasible = data.points[data.points["feasible"]]
     for label in labels:
-        group = data.points[data.points["methods"] == label]
+        group = feasible[feasible["methods"] == label]
         simulated = group["simulated"].fillna("") != ""
         # measured and simulated cost as two traces with one scalar symbol each: a per-point symbol array
         # is validated point by point by plotly (0.6 s for 10k points)
@@ -133,6 +150,7 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
                 marker=marker, customdata=part["number"].to_numpy(), hovertext=part["hover"].to_numpy(), hoverinfo="text",
                 error_x=error_bars(part, data.x), error_y=error_bars(part, data.y),
             ))
+    _infeasible_trace(fig, data, scatter)
     line = {"shape": step_shape(data.directions[0])}
     if per_method:
         for label, front in data.per_method.items():
@@ -157,6 +175,18 @@ def frontier_figure(data: FrontierData, *, log_x: bool = False, log_y: bool = Fa
     if data.z and z_as != "size":
         fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": data.z}})
     return fig
+
+
+def _infeasible_trace(fig: go.Figure, data: FrontierData, scatter: Any) -> None:
+    """Trials that break a constraint: drawn, as grey crosses, so a reader sees what the bounds cost; never on the frontier."""
+    bad = data.infeasible
+    if bad.empty:
+        return
+    fig.add_trace(scatter(
+        x=bad[data.x].to_numpy(), y=bad[data.y].to_numpy(), mode="markers", name=data.infeasible_label(), legendgroup="infeasible",
+        marker={"symbol": "x", "size": 9, "color": INFEASIBLE_COLOUR, "opacity": 0.9},
+        customdata=bad["number"].to_numpy(), hovertext=bad["hover"].to_numpy(), hoverinfo="text",
+    ))
 
 
 def _noise_trace(fig: go.Figure, data: FrontierData) -> None:
@@ -187,14 +217,19 @@ def frontier_image(data: FrontierData, fmt: str, *, log_x: bool = False, log_y: 
     fig = Figure(figsize=(8, 5.5), dpi=120)
     ax = fig.subplots()
     labels = sorted(data.points["methods"].unique())
+    feasible = data.points[data.points["feasible"]]
     for i, label in enumerate(labels):
-        group = data.points[data.points["methods"] == label]
+        group = feasible[feasible["methods"] == label]
+        if group.empty:
+            continue
         simulated = group["simulated"].fillna("") != ""
         colour = PALETTE[i % len(PALETTE)]
         ax.scatter(group.loc[~simulated, data.x], group.loc[~simulated, data.y], s=18, color=colour, alpha=0.75, label=label, rasterized=len(group) > WEBGL_ABOVE)
         if simulated.any():
             ax.scatter(group.loc[simulated, data.x], group.loc[simulated, data.y], s=18, facecolors="none", edgecolors=colour,
                        label=f"{label} (cost simulated)", rasterized=len(group) > WEBGL_ABOVE)
+    if not data.infeasible.empty:
+        ax.scatter(data.infeasible[data.x], data.infeasible[data.y], marker="x", s=24, color=INFEASIBLE_COLOUR, label=data.infeasible_label())
     front = data.points[data.points["frontier"]].sort_values([data.x, data.y])
     where = "post" if data.directions[0] == "minimize" else "pre"
     ax.step(front[data.x], front[data.y], where=where, color="black", linewidth=1.5, label="Pareto frontier")

@@ -1,4 +1,5 @@
-"""The Curves page: a training study's learning curves (loss against tokens or FLOPs), seeds grouped."""
+"""The Curves page: a training study's learning curves (loss against tokens or FLOPs), seeds grouped; pruned trials'
+curves drawn too, faded and dotted, each up to where the study's pruner stopped it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from paretolab.dashboard.context import Context
 from paretolab.dashboard.curves import (
     BANDS,
     by_group,
+    completed,
     curves_figure,
     summary,
     trial_curves,
@@ -23,9 +25,10 @@ MAX_TRIALS = 500  # curves read per study (one artifact each); beyond this the n
 def curves_page(ctx: Context) -> None:
     assert ctx.study is not None
     st.header(f"Curves · {ctx.study.name}")
-    done = ctx.table.complete()
+    frame = ctx.table.frame
+    done = frame[frame["state"].isin(["COMPLETE", "PRUNED"])]  # a pruned trial logged its curve up to where it stopped
     if done.empty:
-        st.info(f"Study {ctx.study.name!r} has no completed trials yet.")
+        st.info(f"Study {ctx.study.name!r} has no completed or pruned trials yet.")
         return
     done = done.tail(MAX_TRIALS)
     curves = ctx.table.memo(("curves", tuple(done["number"])), lambda: _read(ctx, done))
@@ -46,7 +49,7 @@ def curves_page(ctx: Context) -> None:
     st.plotly_chart(curves_figure(shown, x, losses, kind, log_x=log_x), key="curves", width="stretch")
     _notes(done, curves, shown, x, kind)
     st.subheader("Final val_loss per group")
-    st.dataframe(summary(by_group(shown)).rename(columns={"x at end (mean)": f"{x} at end (mean)"}), hide_index=True, width="stretch")
+    st.dataframe(summary(by_group(completed(shown))).rename(columns={"x at end (mean)": f"{x} at end (mean)"}), hide_index=True, width="stretch")
 
 
 def _read(ctx: Context, done: pd.DataFrame) -> dict[int, Any]:
@@ -63,12 +66,16 @@ def _read(ctx: Context, done: pd.DataFrame) -> dict[int, Any]:
 
 
 def _notes(done: pd.DataFrame, curves: dict[int, Any], shown: list, x: str, kind: str) -> None:
-    parts = [f"{len(shown)} trial(s) in {len(by_group(shown))} group(s); a group is a method with its non-seed parameters"]
+    whole = completed(shown)
+    parts = [f"{len(whole)} trial(s) in {len(by_group(whole))} group(s); a group is a method with its non-seed parameters"]
+    if len(whole) < len(shown):
+        parts.append(f"{len(shown) - len(whole)} pruned trial(s) drawn faded and dotted, each alone up to where the study's pruner "
+                     "stopped it (legend: pruned at step N): not in a group's mean, band or the table below, and never on a frontier")
     if kind != "one line per seed":
         parts.append(f"line: mean over the group's seeds; band: {kind} across seeds (seeds aligned on the first seed's {x})")
     missing = len(done) - len(curves)
     if missing:
-        parts.append(f"{missing} complete trial(s) logged no learning curve")
+        parts.append(f"{missing} trial(s) logged no learning curve")
     tokens_only = sum(1 for c in curves.values() if not c.has(x))
     if tokens_only:
         parts.append(f"{tokens_only} trial(s) have their curve only as metric history (tokens, no FLOPs): not shown against {x}")

@@ -1,4 +1,5 @@
-"""The Frontier page: two metrics (a third as colour or size), every trial, the non-dominated ones joined."""
+"""The Frontier page: two metrics (a third as colour or size), every trial, the non-dominated feasible ones joined
+(trials that break the study's constraints are drawn as grey crosses, never on the frontier)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from paretolab.dashboard.context import Context
-from paretolab.dashboard.data import frontier_numbers
+from paretolab.dashboard.data import feasible_rows, frontier_numbers
 from paretolab.dashboard.plots import (
     FrontierData,
     frontier_figure,
@@ -83,16 +84,23 @@ def _plot_data(ctx: Context, frame: pd.DataFrame, x: str, y: str, directions: tu
     if {x, y} <= {m for m, _ in table.objectives}:
         front = table.frontier([x, y], directions)
         own = table.frontier([x, y], directions, by="methods") if per_method else None
-    else:
-        front = frontier_numbers(complete, [x, y], list(directions))
-        own = frontier_numbers(complete, [x, y], list(directions), "methods") if per_method else None
-    return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=table.param_columns)
+    else:  # over the trials that meet the study's constraints; the infeasible ones are still drawn, marked
+        front = frontier_numbers(feasible_rows(complete), [x, y], list(directions))
+        own = frontier_numbers(feasible_rows(complete), [x, y], list(directions), "methods") if per_method else None
+    return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=table.param_columns,
+                           constraints=table.study.constraints)
 
 
 def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None:
     parts = [f"{complete} complete trial(s), {len(data.front)} on the frontier ({', '.join(data.directions)})"]
+    if data.constraints:
+        parts.append(f"feasible frontier under: {'; '.join(data.constraints)}; {len(data.infeasible)} infeasible trial(s) "
+                     "drawn as grey ×, never on it (hover one for why)")
     if failed:
         parts.append(f"{failed} failed trial(s) not shown (see the Trial page for reasons)")
+    pruned = int((ctx.table.frame["state"] == "PRUNED").sum())
+    if pruned:
+        parts.append(f"{pruned} pruned trial(s) not shown: stopped early, never on a frontier (their curves are on the Curves page)")
     simulated = sorted({m for s in data.points["simulated"].fillna("") for m in s.split(",") if m})
     if simulated:
         parts.append(f"hollow markers: cost saving simulated by {', '.join(simulated)} (not a deployable format)")

@@ -38,6 +38,11 @@ def trial_page(ctx: Context) -> None:
         st.error(f"Failed: {row['fail_reason']}")
     if row["simulated"]:
         st.warning(f"The cost saving of {row['simulated']} is simulated in this trial (no deployable format or kernel ran).")
+    if not row.get("feasible", True):
+        st.warning(f"Infeasible: {row.get('infeasible_because') or 'breaks a bound'}. It stays off every frontier "
+                   f"(constraints: {'; '.join(ctx.study.constraints) or 'not recorded'}).")
+    if _present(row.get("pruned_at_step")):
+        st.info(f"Pruned at step {row['pruned_at_step']}: the study's pruner stopped it early. Never on a frontier; its curve is on the Curves page.")
 
     detail = _run_detail(ctx, str(row["mlflow_run_id"]))
     left, right = st.columns(2)

@@ -105,6 +105,16 @@ def with_testplugin(testplugin_path, monkeypatch):
     plugin_manager.reset()
 
 
+@pytest.fixture(scope="session")
+def constrained_home(tmp_path_factory) -> Path:
+    """Stores with study ``constrained`` (an infeasible trial dominates every other) and ``pruned`` (a pruned training trial)."""
+    from tests.dashboard.conftest import build_constrained_stores
+
+    home = tmp_path_factory.mktemp("constrained_store")
+    build_constrained_stores(home)
+    return home
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,8 +1,8 @@
 """``paretolab.load_study(NAME)``: a stored study as pandas data frames (trials, frontier, verdicts).
 
     s = paretolab.load_study("demo")
-    s.trials      # one row per complete trial: number, method, params (one column each), every logged metric
-    s.frontier    # the non-dominated trials on the study's objectives, in the order `paretolab frontier` prints
+    s.trials      # one row per complete trial: number, method, params (one column each), every logged metric, feasible
+    s.frontier    # the non-dominated feasible trials on the study's objectives, in the order `paretolab frontier` prints
     s.verdicts    # one row per claim and setting: verdict, difference and its 95 % interval, pairs
     s.objectives  # [(metric, direction), ...]
 
@@ -68,6 +68,7 @@ def _frontier(trials: Any, objectives: list[tuple[str, str]]) -> Any:
 
     if trials.empty or not objectives:
         return trials.iloc[0:0]
+    trials = trials[trials["feasible"].astype(bool)] if "feasible" in trials else trials  # under the study's constraints
     metrics = [m for m, _ in objectives]
     keep = pareto_indices(trials[metrics].to_numpy().tolist(), [d for _, d in objectives])
     return trials.iloc[sorted(keep)].sort_values(metrics[0]).reset_index(drop=True)

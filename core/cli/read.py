@@ -17,6 +17,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     note = study_quality_note(args.study, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
+        if rows.constraints:  # the rows say feasible true/false; which bounds, on stderr as the note below: stdout stays the list
+            print(f"paretolab: feasible frontier under: {'; '.join(rows.constraints)}", file=sys.stderr)
         if note:
             print(f"paretolab: warning: {note}", file=sys.stderr)
     else:
@@ -73,7 +75,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
     if not rows:
         print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
         return 0
-    print_table(rows, ["study", "complete", "failed", "running", "objectives", "last_update"])
+    print_table(rows, ["study", "complete", "failed", "pruned", "running", "objectives", "last_update"])
     for row in rows:
         print_failures(row["study"], row["failures"])
     return 0

@@ -1,4 +1,4 @@
-"""Pareto frontiers: which trials no other trial beats on every objective."""
+"""Pareto frontiers: which trials no other trial beats on every objective (among the feasible ones, under constraints)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from paretolab.results.replicates import per_configuration
+from paretolab.study.constraints import FEASIBLE
+from paretolab.study.constraints import STUDY_ATTR as CONSTRAINTS  # the study's bounds in words; absent without constraints
+
+
+def is_feasible(attrs: dict[str, Any]) -> bool:
+    """A complete trial's verdict from its user attrs: only an explicit ``feasible: false`` makes it infeasible
+    (a trial of an older or unconstrained study has no verdict and counts as feasible)."""
+    return attrs.get(FEASIBLE) is not False
 
 
 def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str], *, keep_ties: bool = False) -> list[int]:

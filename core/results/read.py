@@ -1,5 +1,9 @@
 """Reading studies back from the stores: frontiers, per-method tables, summaries and failure reasons
-(used by the CLI and the results document; the dashboard reads through its own cache)."""
+(used by the CLI and the results document; the dashboard reads through its own cache).
+
+A study with ``constraints:`` has its frontiers drawn over the feasible complete trials only; a trial
+without a verdict (an older or unconstrained study) counts as feasible. Pruned trials are never complete.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,17 @@ import optuna
 
 from paretolab.errors import ConfigError
 from paretolab.models import quality_note
-from paretolab.results.frontier import pareto_indices
+from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
 from paretolab.results.noise import QUALITY, artifact_reader, mark_indistinguishable
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
+from paretolab.study.constraints import REASON
+
+
+class FrontierRows(list):  # type: ignore[type-arg]
+    """``frontier_rows``' answer: a plain list (JSON as ever) that also knows the study's constraints in words."""
+
+    constraints: list[str] = []
 
 
 def load_study(name: str, stores: Stores) -> optuna.Study:
@@ -35,22 +46,32 @@ def load_study(name: str, stores: Stores) -> optuna.Study:
         raise ConfigError(f"no study {name!r} in {stores.redacted().optuna_url}{hint} (studies: {', '.join(names) or 'none'})") from None
 
 
-def frontier_rows(name: str, stores: Stores) -> list[dict[str, Any]]:
-    """The non-dominated complete trials with their objective values and parameters."""
+def frontier_rows(name: str, stores: Stores) -> FrontierRows:
+    """The non-dominated feasible complete trials with their objective values and parameters (``feasible: true``),
+    then the infeasible trials that the frontier would have without the constraints (``feasible: false`` and
+    ``infeasible_because``). ``.constraints``: the study's bounds in words ([] without constraints)."""
     study = load_study(name, stores)
     objectives = study.user_attrs.get("objectives") or [[f"objective{i}", d.name.lower()] for i, d in enumerate(study.directions)]
+    directions = [d for _, d in objectives]
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    front = pareto_indices([t.values for t in trials], [d for _, d in objectives])
-    rows = []
-    for i in sorted(front, key=lambda i: trials[i].values[0]):
-        t = trials[i]
-        row: dict[str, Any] = {"trial": t.number}
-        row.update({metric: value for (metric, _), value in zip(objectives, t.values)})
-        row["params"] = dict(t.params)
-        row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id", "")
-        rows.append(row)
-    _mark_noise(rows, [m for m, _ in objectives], stores)
+    ok = [t for t in trials if is_feasible(t.user_attrs)]
+    front = [ok[i] for i in pareto_indices([t.values for t in ok], directions)]
+    left_off = [trials[i] for i in pareto_indices([t.values for t in trials], directions) if not is_feasible(trials[i].user_attrs)]
+    rows = FrontierRows(_frontier_row(t, objectives) for t in sorted(front, key=lambda t: t.values[0]))
+    _mark_noise(rows, [m for m, _ in objectives], stores)  # neighbours along the feasible frontier only
+    rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: t.user_attrs.get(REASON) or "no reason recorded"}
+                for t in sorted(left_off, key=lambda t: t.values[0]))
+    rows.constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
+
+
+def _frontier_row(trial: optuna.trial.FrozenTrial, objectives: list[list[str]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"trial": trial.number}
+    row.update({metric: value for (metric, _), value in zip(objectives, trial.values)})
+    row["params"] = dict(trial.params)
+    row["mlflow_run_id"] = trial.user_attrs.get("mlflow_run_id", "")
+    row["feasible"] = True
+    return row
 
 
 def study_quality_note(name: str, stores: Stores) -> str:
@@ -80,14 +101,29 @@ def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Store
 
 
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
+    """The frontier as a table; under constraints, say so and list the infeasible trials it leaves off, with why."""
     if not rows:
         print(f"study {name!r} has no completed trials yet")
         return
-    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise")]
-    print(f"Pareto set of study {name!r} ({len(rows)} trial(s)):")
-    noise = ["within noise of"] if any(r.get("noise") for r in rows) else []
-    header = ["trial", *metrics, *noise, "params"]
-    lines = [[str(r["trial"]), *(short_number(r[m]) for m in metrics), *([r.get("noise", "")] if noise else []), _params(r["params"])] for r in rows]
+    constraints = list(getattr(rows, "constraints", None) or [])
+    under = f"; feasible frontier under: {'; '.join(constraints)}" if constraints else ""
+    front = [r for r in rows if r.get("feasible", True)]
+    left_off = [r for r in rows if not r.get("feasible", True)]
+    if front:
+        print(f"Pareto set of study {name!r} ({len(front)} trial(s)){under}:")
+        noise = ["within noise of"] if any(r.get("noise") for r in front) else []
+        _print_rows(front, noise, lambda r: [r.get("noise", "")] if noise else [])
+    else:
+        print(f"study {name!r} has no feasible complete trial{under}")
+    if left_off:
+        print(f"left off as infeasible ✗, {len(left_off)} trial(s) that would be on the frontier without the constraints:")
+        _print_rows(left_off, ["infeasible because"], lambda r: [str(r.get(REASON, ""))], mark=" ✗")
+
+
+def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: str = "") -> None:
+    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON)]
+    header = ["trial", *metrics, *extra, "params"]
+    lines = [[f"{r['trial']}{mark}", *(short_number(r[m]) for m in metrics), *cells(r), _params(r["params"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
@@ -109,6 +145,7 @@ def study_summaries(stores: Stores) -> list[dict[str, Any]]:
             "study": summary.study_name,
             "complete": count[optuna.trial.TrialState.COMPLETE],
             "failed": count[optuna.trial.TrialState.FAIL],
+            "pruned": count[optuna.trial.TrialState.PRUNED],
             "running": count[optuna.trial.TrialState.RUNNING],
             "objectives": ",".join(m for m, _ in study.user_attrs.get("objectives", [])),
             "last_update": last.isoformat(timespec="seconds") if isinstance(last, dt.datetime) else "",
@@ -146,7 +183,8 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
-    """(objectives, rows): every complete trial with its method label and all MLflow metrics."""
+    """(objectives, rows): every complete trial with its method label, all MLflow metrics, and its verdict
+    (``feasible``, ``infeasible_because``: "" when feasible) under the study's constraints."""
     from mlflow.tracking import MlflowClient
 
     study = load_study(name, stores)
@@ -166,7 +204,8 @@ def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[
         metrics.update({m: v for (m, _), v in zip(objectives, trial.values)})
         rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
                      "run_params": dict(run.data.params) if run else {}, **metrics,
-                     "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else ""})
+                     "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else "",
+                     "feasible": is_feasible(trial.user_attrs), REASON: str(trial.user_attrs.get(REASON) or "")})
     return objectives, _without_common_training(rows)
 
 
@@ -186,13 +225,15 @@ def method_label(params: dict[str, str]) -> str:
 
 
 def method_frontiers(name: str, stores: Stores) -> list[dict[str, Any]]:
-    """Each method's own Pareto set on the study's objectives: the cross-method comparison."""
+    """Each method's own Pareto set on the study's objectives, over its feasible trials: the cross-method comparison."""
     return per_method(*trial_table(name, stores), frontier=True)
 
 
 def per_method(objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool) -> list[dict[str, Any]]:
-    """Rows grouped by method (sorted by the last objective); only each method's Pareto set when ``frontier``."""
+    """Rows grouped by method (sorted by the last objective); only each method's Pareto set of its feasible rows when ``frontier``."""
     directions = [d for _, d in objectives]
+    if frontier:
+        rows = [r for r in rows if r.get("feasible", True)]
     out = []
     for label in sorted({r["method"] for r in rows}):
         mine = [r for r in rows if r["method"] == label]

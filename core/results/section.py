@@ -1,5 +1,7 @@
 """One study as a Markdown section of a results document (``paretolab report``): what ran, its claim's verdict, its
-frontiers, and the method-vs-baseline table with intervals, size ratios and honest marks (simulated, noisy, estimated)."""
+frontiers, and the method-vs-baseline table with intervals, size ratios and honest marks (simulated, noisy, estimated).
+Under the pipeline's ``constraints:`` the frontiers are over the feasible trials; the section states the bounds and
+names the infeasible trials it leaves off, with why."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import optuna
 from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
 from paretolab.results.claims import claims_lines, trial_label
-from paretolab.results.frontier import frontier_lines
+from paretolab.results.frontier import CONSTRAINTS, frontier_lines
 from paretolab.results.noise import QUALITY, artifact_reader, quality_cells
 from paretolab.results.replicates import baseline_finder, named_params, report_replicates
 from paretolab.results.read import (
@@ -24,6 +26,7 @@ from paretolab.results.read import (
     trial_table,
 )
 from paretolab.stores.locations import Stores
+from paretolab.study.constraints import REASON
 from paretolab.study.report_spec import claims_from
 from paretolab.training.checkpoints import RECORD, trained_dir
 from paretolab.training.curves import mlflow_reader
@@ -43,15 +46,19 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     if isinstance(task, dict):
         task = f"{task.get('name', '')} ({', '.join(f'{k}={v}' for k, v in task.items() if k != 'name')})"
     failed = sum(s == optuna.trial.TrialState.FAIL for s in states)
+    pruned = sum(s == optuna.trial.TrialState.PRUNED for s in states)
+    constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
+    feasible = [r for r in rows if r.get("feasible", True)]
     lines = [
         f"## {name}",
         "",
         *_papers_claim(pipeline),
         *_claim(pipeline, rows, stores),
-        *_frontiers(pipeline, rows),
+        *constraint_lines(constraints, objectives, rows, frontier=frontier),
+        *_frontiers(pipeline, feasible),
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
         + ", ".join(f"{m} ({d})" for m, d in objectives)
-        + f"; {len(rows)} complete trial(s), {failed} failed.",
+        + f"; {len(rows)} complete trial(s), {failed} failed" + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
         "",
         *_provenance(rows),
         *_trained_base(str(study.user_attrs.get("model", ""))),
@@ -84,8 +91,34 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
     columns = _size_ratios(shown, columns)
     notes = _marks(shown, columns)
     columns, legend = _with_uncertainty(shown, columns, stores, replicates, baseline_of)
+    if any(not r.get("feasible", True) for r in shown):  # every trial shown (--trials all): the infeasible ones marked
+        for r in shown:
+            r[INFEASIBLE] = "" if r.get("feasible", True) else f"✗ {r.get(REASON) or 'no reason recorded'}"
+        columns.append(INFEASIBLE)
     lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
     return "\n".join(lines)
+
+
+INFEASIBLE = "infeasible because"
+
+
+def constraint_lines(constraints: list[str], objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool) -> list[str]:
+    """The pipeline's bounds, that frontiers are drawn over the trials meeting them, and the infeasible trials the
+    table leaves off (those on their method's frontier without the constraints) with why; nothing without constraints."""
+    if not constraints:
+        return []
+    bad = [r for r in rows if not r.get("feasible", True)]
+    text = (f"**Constraints:** {'; '.join(f'`{c}`' for c in constraints)}. Frontiers are drawn over the feasible trials only; "
+            f"{len(bad)} of {len(rows)} complete trial(s) break a bound.")
+    if frontier and bad:
+        would = {r["trial"] for r in per_method(objectives, [{**r, "feasible": True} for r in rows], frontier=True)}
+        left = [r for r in bad if r["trial"] in would]
+        if left:
+            text += " Left off as infeasible (on their method's frontier without the constraints): " + "; ".join(
+                f"✗ trial {r['trial']} ({r['method']}): {r.get(REASON) or 'no reason recorded'}" for r in left) + "."
+    elif bad:
+        text += f" The `{INFEASIBLE}` column marks them (✗)."
+    return [text, ""]
 
 
 def _papers_claim(pipeline: dict[str, Any]) -> list[str]:

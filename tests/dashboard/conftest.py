@@ -10,6 +10,7 @@ as the driver does.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -142,7 +143,6 @@ def curve_flops(method: str, i: int) -> float:
 def add_training_study(stores: Stores) -> None:
     """Trials 0-5: bhyt and none on seeds 0-2 with a ``learning_curve.json`` artifact (the train stage's format);
     trial 6: dyt on seed 0 with the curve only as ``curve.*`` metric history (step = tokens)."""
-    import json
 
     from paretolab.records import TrialResult
     from paretolab.stores.tracking import Tracker
@@ -178,11 +178,16 @@ def fixture_home(tmp_path_factory) -> Path:
 @pytest.fixture
 def store_env(fixture_home, monkeypatch) -> Path:
     """The app reads the fixture stores (the way `paretolab dashboard --home` passes them)."""
-    stores = resolve_stores(home=str(fixture_home))
+    return _reading(fixture_home, monkeypatch)
+
+
+def _reading(home: Path, monkeypatch) -> Path:
+    """Point the app at the stores in ``home``."""
+    stores = resolve_stores(home=str(home))
     monkeypatch.setenv("PARETOLAB_OPTUNA_STORAGE", stores.optuna_url)
     monkeypatch.setenv("PARETOLAB_TRACKING_URI", stores.tracking_uri)
     monkeypatch.delenv("PARETOLAB_RAY_ADDRESS", raising=False)
-    return fixture_home
+    return home
 
 
 @pytest.fixture
@@ -192,3 +197,76 @@ def empty_env(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PARETOLAB_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("PARETOLAB_RAY_ADDRESS", raising=False)
     return tmp_path
+
+
+# ---- issue 32: a constrained study (an infeasible trial dominates every other) and a pruned training trial -----------
+
+# (stage0, sparsity, stage1, bits, ppl, size_bytes, decode_tok_s); bounds: decode_tok_s >= 150, ppl <= 1.5 x none (= 30).
+# Trial 3 beats every trial on both objectives but is too slow: the frontier without the bounds is trial 3 alone;
+# the feasible frontier is trials 0, 1, 2. Trial 4 breaks the ppl bound (on rtn's own frontier without the bounds).
+CONSTRAINED = [
+    ("none", None, "none", None, 20.0, 400_000.0, 200.0),
+    ("none", None, "rtn", 8, 20.2, 110_000.0, 190.0),
+    ("none", None, "rtn", 4, 22.0, 60_000.0, 180.0),
+    ("magnitude", 0.5, "rtn", 2, 19.0, 30_000.0, 100.0),
+    ("none", None, "rtn", 2, 95.0, 35_000.0, 170.0),
+    ("magnitude", 0.3, "rtn", 8, 23.0, 115_000.0, 160.0),
+]
+INFEASIBLE_DOMINATING = 3
+PRUNED_TRIAL, PRUNED_STEP = 4, 16  # study "pruned": dyt on seed 0, stopped after its second eval point (step 16, 2048 tokens)
+
+
+def build_constrained_stores(home: Path) -> Stores:
+    """Studies ``constrained`` and ``pruned``, recorded as the driver's contract for constraints and pruning says."""
+    from paretolab.records import TrialResult
+    from paretolab.stores.tracking import Tracker
+    from paretolab.study.constraints import Constraint, verdict_attrs
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    stores = resolve_stores(home=str(home))
+    bounds = (Constraint("decode_tok_s", 150.0, False), Constraint("ppl", 1.5, True, "none", (("stage0.method", "none"), ("stage1.method", "none"))))
+    pipeline = {**PIPELINE, "name": "constrained", "constraints": [{"metric": "decode_tok_s", "min": 150}, {"metric": "ppl", "max_ratio_to": "none", "max": 1.5}]}
+    study = optuna.create_study(study_name="constrained", storage=stores.optuna_url, directions=["minimize", "minimize"])
+    for key, value in (("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]]), ("model", "smollm2-135m"),
+                       ("methods", ["magnitude", "none", "rtn"]), ("pipeline", pipeline), ("constraints", [c.describe() for c in bounds])):
+        study.set_user_attr(key, value)
+    tracker = Tracker(stores, "constrained")
+    parent = tracker.study_run({}, {"pipeline": pipeline})
+    for number, (stage0, sparsity, stage1, bits, ppl, size, decode) in enumerate(CONSTRAINED):
+        metrics = {"ppl": ppl, "size_bytes": size, "decode_tok_s": decode, "ppl_ci_low": 0.99 * ppl, "ppl_ci_high": 1.01 * ppl}
+        verdict, _ = verdict_attrs(bounds, metrics, {1: CONSTRAINED[0][4]})
+        tags = {"paretolab.feasible": str(verdict["feasible"]).lower(), "paretolab.infeasible_because": verdict["infeasible_because"]}
+        run_id = tracker.log_trial(parent, number, _mlflow_params(stage0, sparsity, stage1, bits), TrialResult(metrics=metrics), tags)
+        params, dists = _params(stage0, sparsity, stage1, bits)
+        study.add_trial(create_trial(params=params, distributions=dists, values=[ppl, size], user_attrs={"mlflow_run_id": run_id, **verdict}))
+
+    pruned = optuna.create_study(study_name="pruned", storage=stores.optuna_url, directions=["minimize", "minimize"])
+    for key, value in (("objectives", [["val_loss", "minimize"], ["train_flops", "minimize"]]), ("model", "scratch-1m"),
+                       ("methods", ["bhyt", "dyt", "none", "train"]), ("pipeline", {**TRAINING_PIPELINE, "name": "pruned"})):
+        pruned.set_user_attr(key, value)
+    tracker = Tracker(stores, "pruned")
+    parent = tracker.study_run({}, {})
+    for number, (method, seed) in enumerate([("bhyt", 0), ("bhyt", 1), ("none", 0), ("none", 1), ("dyt", 0)]):
+        stop = 2 if number == PRUNED_TRIAL else CURVE_POINTS
+        rows = [{"stage": "stage1", "step": 8 * i, "tokens": 1024 * i, "flops": curve_flops(method, i), "train_loss": curve_loss(method, seed, i) + 0.05,
+                 "val_loss": curve_loss(method, seed, i), "lr": 3e-3, "s": 0.5 * i} for i in range(1, stop + 1)]
+        final = rows[-1]
+        history = {f"curve.{k}": [(r["tokens"], r[k]) for r in rows] for k in ("val_loss", "train_loss")}
+        result = TrialResult(metrics={"val_loss": final["val_loss"], "train_flops": final["flops"], "train_tokens": final["tokens"]},
+                             artifacts={"learning_curve.json": json.dumps({"rows": rows, "seed": seed}).encode()}, history=history)
+        tags = {"paretolab.trial_state": "PRUNED", "paretolab.pruned_at_step": str(PRUNED_STEP)} if number == PRUNED_TRIAL else {}
+        run_id = tracker.log_trial(parent, number, {"stage0.method": method, "stage1.method": "train", "stage1.train.seed": seed}, result, tags)
+        common = {"params": {"stage0.method": method, "train.seed": seed}, "distributions": {"stage0.method": NORMS, "train.seed": SEEDS}}
+        if number == PRUNED_TRIAL:  # Optuna: PRUNED with its reports; MLflow: KILLED, with the curve it logged up to there
+            tracker.client.set_terminated(run_id, "KILLED")
+            pruned.add_trial(create_trial(state=TrialState.PRUNED, intermediate_values={r["step"]: r["val_loss"] for r in rows},
+                                          user_attrs={"mlflow_run_id": run_id, "pruned_at_step": PRUNED_STEP}, **common))
+        else:
+            pruned.add_trial(create_trial(values=[final["val_loss"], final["flops"]], user_attrs={"mlflow_run_id": run_id}, **common))
+    return stores
+
+
+@pytest.fixture
+def constrained_env(constrained_home, monkeypatch) -> Path:
+    """The app reads studies ``constrained`` and ``pruned`` (``constrained_home``: tests/conftest.py)."""
+    return _reading(constrained_home, monkeypatch)
