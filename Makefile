@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings results-export clean
+.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings results-export results-search clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,15 @@ TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_
 results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
+
+# The search's budget (issue 32): a learning-rate search on scratch-1m with a median pruner against
+# the same search run to the end (same 12 learning rates), plus the best rate's train-seed spread;
+# then the analytic benchmark of hypervolume per trial-step (random, TPE, median, ASHA; 5 seeds).
+SEARCH := search_pruning search_pruning_off search_pruning_seeds
+results-search: $(STAMP)  ## the pruned vs unpruned scratch-1m search (~20 min on 2 CPU cores) and the pruning benchmark
+	for p in $(SEARCH); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/python benchmarks/pruned_vs_full.py --json search_pruning.json
+	$(BIN)/python benchmarks/search_pruning.py
 
 MOE := moe_rfid moe_rfid_low moe_puzzle moe_puzzle_average
 MOE_METRICS := ppl,expert_bytes,expert_mem_frac,size_bytes
