@@ -170,3 +170,11 @@ def verdict_tags(verdict: dict[str, Any]) -> dict[str, str]:
     if FEASIBLE not in verdict:
         return {}
     return {"paretolab.feasible": "true" if verdict[FEASIBLE] else "false", "paretolab.infeasible_because": verdict[REASON][:4000]}
+
+
+def keep_verdict(trial: Any, verdict: dict[str, Any], bounds: dict[str, float]) -> None:
+    """Write a verdict into a running Optuna trial: its user attrs, and one constraint value per bound (what NSGA-II and TPE read)."""
+    for key, value in verdict.items():
+        trial.set_user_attr(key, value)
+    for key, bound in bounds.items():
+        trial.set_constraint(key, bound)

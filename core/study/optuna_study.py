@@ -14,8 +14,8 @@ import optuna
 from paretolab.errors import ConfigError
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import guarded, optuna_storage
-from paretolab.study.constraints import STUDY_ATTR, trial_verdict, verdict_tags
-from paretolab.study.proposer import params_key
+from paretolab.study.constraints import STUDY_ATTR, keep_verdict, trial_verdict, verdict_tags
+from paretolab.study.proposer import held_params, params_key
 from paretolab.study.spec import StudySpec
 
 FAIL_REASON = "fail_reason"
@@ -79,10 +79,7 @@ def stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, log: Any) -
             trial.set_user_attr(MLFLOW_RUN, run_id)
             verdict, bounds = trial_verdict(spec.constraints, study, frozen.number, frozen.params, metrics)
             tracker.set_tags(run_id, verdict_tags(verdict))
-            for key, value in verdict.items():
-                trial.set_user_attr(key, value)
-            for key, bound in bounds.items():
-                trial.set_constraint(key, bound)
+            keep_verdict(trial, verdict, bounds)
             study.tell(trial, [metrics[o.metric] for o in spec.objectives])
             log(f"trial {frozen.number}: recovered from its MLflow run")
             continue
@@ -109,8 +106,7 @@ def stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, log: Any) -
 def requeue_failed(study: optuna.Study) -> int:
     """Enqueue the params of each failed trial that no complete or waiting trial has; how many."""
     trials = study.get_trials(deepcopy=False)
-    seen = {params_key(t.params) for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
-    seen |= {params_key(t.system_attrs.get("fixed_params", {})) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+    seen = {params_key(held_params(t)) for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING)}
     count = 0
     for t in trials:
         if t.state == optuna.trial.TrialState.FAIL and t.params and params_key(t.params) not in seen:

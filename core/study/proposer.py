@@ -42,6 +42,14 @@ def params_key(params: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(round(v, 10) if isinstance(v, float) else v)) for k, v in params.items()))
 
 
+def held_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """A trial's parameters; for one still queued (WAITING), the parameters it was enqueued with."""
+    if trial.state == optuna.trial.TrialState.WAITING:
+        fixed = trial.system_attrs.get("fixed_params")
+        return dict(fixed) if fixed is not None else {}
+    return trial.params
+
+
 class Proposer:
     """Proposes the parameters of each new trial of one study (the driver that owns it calls this)."""
 
@@ -55,8 +63,7 @@ class Proposer:
         self._attrs: dict[str, Any] = {}
         self.seen: set[tuple] = set()
         for t in study.get_trials(deepcopy=False):
-            fixed = t.system_attrs.get("fixed_params") if t.state == optuna.trial.TrialState.WAITING else None
-            self.seen.add(params_key(fixed if fixed is not None else t.params))
+            self.seen.add(params_key(held_params(t)))
         self.first = [(label, partial) for label, partial in first or [] if not self._held(partial)]
         self._label = ""
 
@@ -67,11 +74,7 @@ class Proposer:
 
     def _held(self, partial: dict[str, Any]) -> bool:
         """Whether a trial that is not failed (complete, pruned, running or queued) already has ``partial``'s values."""
-        for t in self.study.get_trials(deepcopy=False):
-            params = t.system_attrs.get("fixed_params", {}) if t.state == optuna.trial.TrialState.WAITING else t.params
-            if t.state != optuna.trial.TrialState.FAIL and in_arm(params, partial):
-                return True
-        return False
+        return any(t.state != optuna.trial.TrialState.FAIL and in_arm(held_params(t), partial) for t in self.study.get_trials(deepcopy=False))
 
     def ask(self) -> optuna.Trial | None:
         """Enqueue the next proposal and ask the study for it; None when nothing untried is left."""

@@ -9,7 +9,7 @@ import optuna
 
 from paretolab.records import StagePlan, TrialInfo, TrialResult
 from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN, PRUNED_AT
-from paretolab.study.constraints import trial_verdict, verdict_tags
+from paretolab.study.constraints import keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.pruning import keep_reports
 from paretolab.study.spec import StudySpec
 from paretolab.version import code_version
@@ -35,10 +35,7 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
     run_tags = {**tags, "paretolab.study.worker": result.worker, **verdict_tags(verdict)}
     run_id = tracker.log_trial(parent, job.trial.number, params, result, run_tags)
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
-    for key, value in verdict.items():
-        job.trial.set_user_attr(key, value)
-    for key, value in bounds.items():  # NSGA-II and TPE steer away from trials with a positive value
-        job.trial.set_constraint(key, value)
+    keep_verdict(job.trial, verdict, bounds)
     if result.failed:
         job.trial.set_user_attr(FAIL_REASON, result.error)
         study.tell(job.trial, state=optuna.trial.TrialState.FAIL)

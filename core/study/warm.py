@@ -20,7 +20,7 @@ from paretolab.errors import ConfigError
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage
 from paretolab.study.arms import in_arm
-from paretolab.study.constraints import reference_arms, trial_verdict, verdict_tags
+from paretolab.study.constraints import keep_verdict, reference_arms, trial_verdict, verdict_tags
 from paretolab.study.optuna_study import MLFLOW_RUN
 from paretolab.study.spec import StudySpec
 
@@ -56,16 +56,16 @@ def copy_from(other: optuna.Study, spec: StudySpec, study: optuna.Study, tracker
         number = len(study.get_trials(deepcopy=False))  # this driver owns the study: no one else adds a trial meanwhile
         run_id, metrics = tracker.copy_trial(t.user_attrs.get(MLFLOW_RUN, ""), parent, number, {"paretolab.copied_from": label})
         user = {**t.user_attrs, COPIED: label, MLFLOW_RUN: run_id}
-        system: dict[str, Any] = {}
+        verdict: dict[str, Any] = {}
+        bounds: dict[str, float] = {}
         if t.state == optuna.trial.TrialState.COMPLETE:
             verdict, bounds = trial_verdict(spec.constraints, study, number, t.params, {**metrics, **_objective_values(spec, t)})
-            user.update(verdict)
-            system.update({f"constraints:{k}": v for k, v in bounds.items()})
-            if verdict:
-                tracker.set_tags(run_id, verdict_tags(verdict))
-        study.add_trial(optuna.trial.create_trial(
+            tracker.set_tags(run_id, verdict_tags(verdict))
+        copy = optuna.trial.create_trial(
             state=t.state, values=t.values if t.state == optuna.trial.TrialState.COMPLETE else None, params=t.params,
-            distributions=t.distributions, user_attrs=user, system_attrs=system, intermediate_values=t.intermediate_values))
+            distributions=t.distributions, user_attrs=user, intermediate_values=t.intermediate_values)
+        keep_verdict(copy, verdict, bounds)
+        study.add_trial(copy)
         copied += 1
     log(f"copied {copied} trial(s) from study {source!r}" + (f" ({len(have)} copied before)" if have else ""))
     return copied
