@@ -3,6 +3,7 @@
 Public API for plugin authors::
 
     from paretolab import Method, hookimpl
+    from paretolab import Measure, Metric, option   # a measure, its metrics, its options (docs/plugins.md)
 
 and for users, from Python (imported on first use from :mod:`paretolab.api`, so that a plugin's
 ``import paretolab`` stays light and below every layer of the core)::
@@ -18,8 +19,10 @@ from paretolab import _moved
 from paretolab.errors import ConfigError, ParetolabError, PluginError, UnknownNameError
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.measure import Measure, NoOptions
 from paretolab.plugin_api.method import KINDS, Method, Paper
 from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option
 from paretolab.plugin_api.storage import TensorStorage
 from paretolab.plugin_api.subject import Subject
 from paretolab.version import __version__
@@ -41,8 +44,10 @@ _moved.install()  # the old paths of the plugin-facing modules (paretolab.subjec
 __all__ = [
     "KINDS",
     "ConfigError",
+    "Measure",
     "Method",
     "Metric",
+    "NoOptions",
     "Paper",
     "ParetolabError",
     "PluginError",
@@ -55,4 +60,5 @@ __all__ = [
     "export",
     "hookimpl",
     "load_study",
+    "option",
 ]

@@ -1,4 +1,7 @@
-"""Cost measures: parameters, stored size, prefill latency and decode throughput."""
+"""Cost measures: parameters, stored size, prefill latency and decode throughput.
+
+``Measure`` and ``NoOptions`` live in :mod:`paretolab.plugin_api.measure` (re-exported here and by ``paretolab``).
+"""
 
 from __future__ import annotations
 
@@ -13,26 +16,10 @@ import torch
 from paretolab.generation import greedy_decode
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.measure import Measure, NoOptions
 from paretolab.plugin_api.options import option
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
-
-
-class Measure:
-    """A cost measure. ``default`` measures run in every study unless the pipeline lists others."""
-
-    name: str = ""
-    metrics: tuple[str, ...] = ()
-    options: type = object
-    default: bool = False
-
-    def measure(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    pass
 
 
 class ParamCount(Measure):
