@@ -41,10 +41,10 @@ def section(title: str) -> str:
 
 def blocks(text: str, lang: str) -> list[str]:
     """The fenced code blocks of ``lang`` in ``text`` (indented ones too, as in a list item)."""
-    return [textwrap_dedent(b) for b in re.findall(rf"^([ \t]*)```{lang}\n(.*?)^\1```", text, re.S | re.M)]
+    return [dedented(b) for b in re.findall(rf"^([ \t]*)```{lang}\n(.*?)^\1```", text, re.S | re.M)]
 
 
-def textwrap_dedent(found: tuple[str, str]) -> str:
+def dedented(found: tuple[str, str]) -> str:
     indent, body = found
     return "".join(line[len(indent):] if line.startswith(indent) else line for line in body.splitlines(keepends=True))
 
