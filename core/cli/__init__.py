@@ -1,7 +1,8 @@
 """The `paretolab` command line: ``main`` parses the arguments and runs one command.
 
 - :mod:`paretolab.cli.parser` — every verb and flag; :mod:`~paretolab.cli.run` — run, submit, jobs, draft;
-  :mod:`~paretolab.cli.read` — frontier, report, studies, dashboard; :mod:`~paretolab.cli.catalog` — plugins, models.
+  :mod:`~paretolab.cli.read` — frontier, report, dashboard; :mod:`~paretolab.cli.manage` — check, studies (list, prune, delete);
+  :mod:`~paretolab.cli.catalog` — plugins, models.
 """
 
 from __future__ import annotations

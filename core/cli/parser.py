@@ -9,13 +9,16 @@ import argparse
 
 from paretolab.cli.catalog import cmd_models_list, cmd_models_pull, cmd_plugins
 from paretolab.cli.export import cmd_export
-from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report, cmd_studies
+from paretolab.cli.manage import cmd_check, cmd_studies
+from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
 
 EPILOG = """examples:
   paretolab run pipelines/smoke.yaml              run a study on a local Ray
   paretolab run pipelines/demo.yaml --trials 20   run (or extend) with 20 trials in all
-  paretolab run pipelines/demo.yaml --resume      continue an interrupted study
+  paretolab check pipelines/demo.yaml             validate a pipeline and show its plan; runs nothing
+  paretolab run pipelines/demo.yaml --resume      continue an interrupted study (Ctrl-C: running trials finish; twice: cancel)
+  paretolab studies --prune                       remove interrupted studies that have no complete trial
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab export demo 7 --out demo-7            trial 7's model, loadable by transformers
   paretolab plugins                               every method, task, measure and model
@@ -27,11 +30,12 @@ EPILOG = """examples:
 """
 
 
-def _store_flags(p: argparse.ArgumentParser) -> None:
+def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
+    """``default=argparse.SUPPRESS`` on a sub-command whose parent has the flags too, so a flag given before it stays."""
     g = p.add_argument_group("stores (default: SQLite files under ./.paretolab)")
-    g.add_argument("--home", help="folder for the default SQLite stores (env PARETOLAB_HOME; default .paretolab)")
-    g.add_argument("--storage", help="Optuna storage, any SQLAlchemy URL (env PARETOLAB_OPTUNA_STORAGE)")
-    g.add_argument("--tracking-uri", help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
+    g.add_argument("--home", default=default, help="folder for the default SQLite stores (env PARETOLAB_HOME; default .paretolab)")
+    g.add_argument("--storage", default=default, help="Optuna storage, any SQLAlchemy URL (env PARETOLAB_OPTUNA_STORAGE)")
+    g.add_argument("--tracking-uri", default=default, help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
 
 
 # the speedups against the unmodified model (timed beside each trial) lead; absolute times follow
@@ -50,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a study from a pipeline YAML", description=(
         "Run the study a pipeline file describes: Optuna proposes parameters, Ray workers apply the "
-        "methods to the model, evaluate quality and measure cost; every trial is recorded in Optuna and MLflow."
+        "methods to the model, evaluate quality and measure cost; every trial is recorded in Optuna and MLflow. "
+        "Ctrl-C once: no new trials, the running ones finish and are recorded; Ctrl-C twice: the running trials are "
+        "cancelled (recorded as failed, 'interrupted: Ctrl-C'). Either way the exit code is 130 and `run PIPELINE "
+        "--resume` finishes the study, running cancelled trials' parameters again. `paretolab check PIPELINE` "
+        "validates a pipeline without running it."
     ))
     run.add_argument("pipeline", help="path to a pipeline YAML (see pipelines/README or the README's reference)")
     run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
@@ -63,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the frontier as JSON at the end")
     _store_flags(run)
     run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="validate a pipeline and show what `run` would do, without running anything", description=(
+        "Run every check `paretolab run` makes before it starts work (the pipeline's fields, methods and their params, "
+        "search space, measures, task, claims and constraints, the model known and loadable here, a grid's size) and "
+        "print the plan: trials, sampler and pruner, the search space as Optuna parameters, the arms run first, the "
+        "resources per trial, the stores and whether they already hold this study (then `run` needs --resume). Starts "
+        "no Ray, loads no model, writes no store. Exit code 0 when `run` would start, 2 with `run`'s one-line error when not."
+    ))
+    check.add_argument("pipeline", help="path to a pipeline YAML")
+    check.add_argument("--trials", type=int, help="the --trials you would give `run` (a grid refuses any other count than its size)")
+    _store_flags(check)
+    check.set_defaults(func=cmd_check)
 
     submit = sub.add_parser("submit", help="run a study as a job on a Ray cluster (Ray's job submission API)", description=(
         "Validate the pipeline here, then submit its study to a Ray cluster as a job that carries the pipeline and "
@@ -171,9 +191,28 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(report)
     report.set_defaults(func=cmd_report)
 
-    studies = sub.add_parser("studies", help="list the studies in the stores with trial counts")
+    studies = sub.add_parser("studies", help="list the studies with trial counts and status; remove interrupted or named ones", description=(
+        "List the studies in the stores: trial counts by state and a status (finished, running while a driver owns it, "
+        "or interrupted: stopped by Ctrl-C or SIGTERM, its driver died, or it stopped on an error, with the `run ... "
+        "--resume` that continues it). --prune removes the interrupted studies that have no complete trial; `studies "
+        "delete STUDY` removes one study. Removal takes both stores (the Optuna study, the MLflow experiment and its "
+        "runs), is refused while a driver runs the study, and asks first unless --yes."
+    ), epilog="examples:\n  paretolab studies\n  paretolab studies --prune\n  paretolab studies delete demo --yes",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    studies.add_argument("--prune", action="store_true", help="remove every interrupted study that has no complete trial (asks first)")
+    studies.add_argument("--yes", action="store_true", help="remove without asking (needed where there is no terminal to ask on)")
     _store_flags(studies)
-    studies.set_defaults(func=cmd_studies)
+    studies.set_defaults(func=cmd_studies, studies_command=None)
+    ssub = studies.add_subparsers(dest="studies_command", metavar="ACTION")
+    delete = ssub.add_parser("delete", help="remove one study from both stores", description=(
+        "Remove study STUDY from both stores: the Optuna study with its trials, and the MLflow experiment with its runs "
+        "(renamed NAME.removed-TIME, then deleted, so a new `run` of that name starts fresh; `mlflow gc` frees the disk). "
+        "Refused while a driver runs the study; asks first unless --yes."
+    ))
+    delete.add_argument("study", help="study name (as `paretolab studies` lists it)")
+    delete.add_argument("--yes", action="store_true", default=argparse.SUPPRESS, help="remove without asking")
+    _store_flags(delete, default=argparse.SUPPRESS)
+    delete.set_defaults(func=cmd_studies)
 
     dashboard = sub.add_parser("dashboard", help="browse studies, frontiers and trials in a web app (Streamlit)", description=(
         "Start the Streamlit dashboard on the stores: studies, Pareto frontiers, trials, comparisons, methods and the "

@@ -1,4 +1,4 @@
-"""Commands that read the stores: `frontier`, `report`, `studies`, and `dashboard` (which only reads them)."""
+"""Commands that read the stores: `frontier`, `report`, and `dashboard` (which only reads them); `studies` is in manage."""
 
 from __future__ import annotations
 
@@ -65,19 +65,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     ]
     Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")
     print(f"wrote {args.output} ({len(sections)} studies)")
-    return 0
-
-
-def cmd_studies(args: argparse.Namespace) -> int:
-    from paretolab.results.read import print_failures, study_summaries
-
-    rows = study_summaries(stores_from_flags(args))
-    if not rows:
-        print("no studies yet: run one with `paretolab run pipelines/smoke.yaml`")
-        return 0
-    print_table(rows, ["study", "complete", "failed", "pruned", "running", "objectives", "last_update"])
-    for row in rows:
-        print_failures(row["study"], row["failures"])
     return 0
 
 

@@ -19,17 +19,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_frontier,
     )
     from paretolab.study.driver import run_study
-    from paretolab.study.spec import load_spec
+    from paretolab.study.preflight import validated_spec
 
-    spec = load_spec(args.pipeline)
-    if not (args.address or "").startswith("ray://"):  # a Ray client's workers load the model elsewhere
-        from paretolab.models import check_model
-
-        for name in dict.fromkeys([spec.model, *spec.models.values()]):
-            check_model(name)
+    spec = validated_spec(args.pipeline, address=args.address, trials=args.trials, log=lambda *_: None)  # the same checks as `check`
     stores = stores_from_flags(args, create=True)
     outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed,
-                        from_study=args.from_study, progress=not args.no_progress)
+                        from_study=args.from_study, progress=not args.no_progress, pipeline=args.pipeline)
     rows = frontier_rows(spec.name, stores)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
@@ -41,7 +36,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         note = quality_note(spec.model, spec.raw)
         if note:
             print(f"warning: {note}")
-    return 130 if outcome.interrupted else 0
+    if outcome.interrupted:
+        import shlex
+
+        from paretolab.stores import redact
+
+        flags = [(f, v) for f, v in (("--address", args.address), ("--home", args.home), ("--storage", args.storage), ("--tracking-uri", args.tracking_uri)) if v]
+        again = " ".join(["paretolab", "run", shlex.quote(args.pipeline), "--resume", *(f"{f} {shlex.quote(redact(v))}" for f, v in flags)])
+        print(f"study {spec.name!r} stopped by {outcome.stopped_by} before its end; continue it with: {again}", file=sys.stderr)
+        return 130
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

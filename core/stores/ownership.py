@@ -60,6 +60,16 @@ def own_study(url: str, study: str) -> Lock:
     return lock
 
 
+def study_owner(url: str, study: str) -> str | None:
+    """Who runs ``study`` now ('host H, pid P, since T'), or None when no live driver does (the lock is tried, not kept)."""
+    name = f"study:{study}"
+    lock = _try_lock(url, name, wait=False)
+    if lock is None:
+        return _owner(url, name)
+    lock.release()
+    return None
+
+
 def creating_stores(url: str) -> Lock:
     """Wait for, then hold, the lock under which one process at a time creates or migrates a store's schema."""
     return _try_lock(url, "create", wait=True) or Lock()

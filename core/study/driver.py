@@ -7,9 +7,7 @@ finished MLflow run or run again, so every trial ends up recorded exactly once i
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +16,7 @@ import optuna
 
 from paretolab.cluster.ray_init import init_ray, ray_auth_env
 from paretolab.cluster.reach import require_reachable
-from paretolab.errors import ConfigError, ParetolabError, first_line
+from paretolab.errors import ParetolabError, first_line
 from paretolab.plugin_api.manager import plugin_manager, registries
 from paretolab.records import StagePlan, TrialInfo, TrialResult, TrialSettings
 from paretolab.stores.locations import Stores
@@ -33,12 +31,15 @@ from paretolab.study.optuna_study import (
     requeue_failed,
     stale_trials,
 )
+from paretolab.study.interrupt import INTERRUPTED, StopSignal, requeue_interrupted
 from paretolab.study.pool import WorkerPool
 from paretolab.study.recording import record_trial, study_tags, trial_tags
 from paretolab.study.constraints import missing_references, reference_arms
 from paretolab.study.proposer import ENQUEUED, Proposer
 from paretolab.study.pruning import start_board
-from paretolab.study.search import grid_points, plan_trial
+from paretolab.study.preflight import planned_trials
+from paretolab.study.search import plan_trial
+from paretolab.study.session import session_ended, session_started
 from paretolab.study.spec import StudySpec
 from paretolab.study.warm import copied_count, copy_from, open_source
 
@@ -56,6 +57,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
+    stopped_by: str = ""  # the signal that stopped it ("SIGINT", "SIGTERM"), "" when it ran to its end
 
 
 @dataclass
@@ -78,6 +80,7 @@ def run_study(
     from_study: str | None = None,
     progress: bool = True,
     log: Any = print,
+    pipeline: str | None = None,
 ) -> StudyOutcome:
     """Run ``spec`` until the study holds ``trials`` finished trials (complete or failed).
 
@@ -87,30 +90,22 @@ def run_study(
     ``retry_failed`` queues the parameters of failed trials again (those no complete trial has),
     as new trials on top of the target; the failed ones stay in the history. ``from_study`` copies
     another study's finished trials in first (see :mod:`paretolab.study.warm`); they never run again
-    and do not count against the target.
+    and do not count against the target. ``pipeline``: the file it came from, kept with the study so
+    `paretolab studies` can say how to resume it.
+
+    A first Ctrl-C stops proposing trials and lets the running ones finish; a second one (or SIGTERM)
+    cancels them, recorded as failed with the reason (see :mod:`paretolab.study.interrupt`).
     """
-    points = grid_points(spec) if spec.search.sampler == "grid" else None
-    if points is not None:
-        _grid_trials(spec, points, trials, log)
+    points, _ = planned_trials(spec, trials, log)
     if address:
         require_reachable("--address", address)
     source = open_source(from_study, spec, stores) if from_study else None
     lock = guarded("Optuna", stores.optuna_url, lambda: own_study(stores.optuna_url, spec.name))
     try:
         return _drive(spec, stores=stores, address=address, resume=resume, trials=trials, retry_failed=retry_failed,
-                      source=source, progress=progress, log=log, points=points)
+                      source=source, progress=progress, log=log, points=points, pipeline=pipeline)
     finally:
         lock.release()
-
-
-def _grid_trials(spec: StudySpec, points: list[dict[str, Any]], trials: int | None, log: Any) -> int:
-    """A grid runs each of its points once: its size is the trial count."""
-    if trials is not None and trials != len(points):
-        raise ConfigError(f"--trials {trials}: a grid study runs each of its {len(points)} points once; drop --trials")
-    if spec.search.trials != len(points):
-        log(f"warning: search.trials is {spec.search.trials} but the grid has {len(points)} points; "
-            f"the study runs {len(points)} trials (set search.trials: {len(points)} to silence this)")
-    return len(points)
 
 
 def _drive(
@@ -125,6 +120,7 @@ def _drive(
     progress: bool = True,
     log: Any = print,
     points: list[dict[str, Any]] | None = None,
+    pipeline: str | None = None,
 ) -> StudyOutcome:
     """The driver loop of run_study, under the study's lock."""
     ray_auth_env(address)
@@ -147,6 +143,12 @@ def _drive(
     hooks = plugin_manager().hook
 
     redo = stale_trials(study, tracker, spec, log)
+    cancelled, again = requeue_interrupted(study)
+    planned = target
+    target += cancelled  # a trial cancelled by a signal is no result: its parameters run again, on top of the target
+    outcome.planned = target
+    if again:
+        log(f"running the parameters of {again} trial(s) cancelled by a signal again")
     done = finished_count(study)
     if retry_failed:
         again = requeue_failed(study)
@@ -162,37 +164,42 @@ def _drive(
         log(f"study {spec.name!r} already has {done} finished trials (target {target}); nothing to do")
         return outcome
 
-    init_ray(address)
-    settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
-                             timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
-    pool = WorkerPool(spec.model, settings, spec.resources)
-    n_workers = pool.size_for(target - done)
-    shown = stores.redacted()
-    log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r} "
-        f"(Optuna {shown.optuna_url}, MLflow {shown.tracking_uri})")
-    try:
-        pool.start(n_workers)
-    except BaseException:
-        pool.shutdown()
-        raise
-
-    tags = trial_tags(spec, regs)
-    board = start_board(spec.search.pruner, study)
+    stop = StopSignal()  # before Ray starts: a Ctrl-C while the workers load the model stops at once
+    pool: WorkerPool | None = None
+    board = None
     in_flight: dict[Any, _Job] = {}
-    bar = _progress(progress, target, done, spec.name)
+    bar = _progress(False, target, done, spec.name)
     start = time.perf_counter()
-    stop = _StopSignal()
-
-    def record(job: _Job, result: TrialResult, now: float) -> None:
-        nonlocal done
-        done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks, board)
-        bar.update(1)
-
+    session_started(study, pipeline, planned)
     try:
-        while not stop.requested:
+        init_ray(address)
+        settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
+                                 timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
+        pool = WorkerPool(spec.model, settings, spec.resources)
+        n_workers = pool.size_for(target - done)
+        shown = stores.redacted()
+        log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r} "
+            f"(Optuna {shown.optuna_url}, MLflow {shown.tracking_uri})")
+        pool.start(n_workers)
+        tags = trial_tags(spec, regs)
+        board = start_board(spec.search.pruner, study)
+        bar = _progress(progress, target, done, spec.name)
+        start = time.perf_counter()
+        stop.running = True  # from here a Ctrl-C lets the running trials finish, a second one cancels them
+
+        def record(job: _Job, result: TrialResult, now: float) -> None:
+            nonlocal done
+            done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks, board)
+            bar.update(1)
+
+        while not stop.cancel:
+            if stop.requested and not stop.announced:
+                stop.announced = True
+                log(f"\n{stop.requested}: no new trials; waiting for the {len(in_flight)} running trial(s) to finish "
+                    "(Ctrl-C again cancels them)")
             for problem in pool.poll():
                 log(problem)
-            while pool.idle and (redo or done + len(in_flight) < target):
+            while not stop.requested and pool.idle and (redo or done + len(in_flight) < target):
                 if redo:
                     trial, attempt = redo.pop(0)
                 elif waiting:
@@ -211,7 +218,7 @@ def _drive(
                 hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
                 ref = worker.run.remote(plan, trial.number, board)
                 in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
-            if not in_flight and not (pool.starting and (redo or done < target)):
+            if not in_flight and (stop.requested or not (pool.starting and (redo or done < target))):
                 break
             if not in_flight:  # every worker is still loading the model after a replacement
                 time.sleep(0.5)
@@ -224,13 +231,14 @@ def _drive(
                     pool.give_back(job.worker)
                 except ray.exceptions.RayActorError as exc:
                     pool.lost(job.worker)
-                    if job.attempt < 2:
+                    if job.attempt < 2 and not stop.requested:
                         log(f"trial {job.trial.number}: worker died ({first_line(exc)}); retrying once")
                         job.trial.set_user_attr(ATTEMPTS, job.attempt + 1)
                         redo.append((job.trial, job.attempt + 1))
                         outcome.retried += 1
                         continue
-                    result = TrialResult(error=f"worker process died twice: {first_line(exc)}")
+                    result = TrialResult(error=f"worker process died twice: {first_line(exc)}" if job.attempt >= 2 else
+                                         f"worker process died while the driver was stopping: {first_line(exc)}")
                 except ray.exceptions.RayError as exc:
                     pool.give_back(job.worker)
                     result = TrialResult(error=f"{type(exc).__name__}: {first_line(exc)}")
@@ -240,26 +248,40 @@ def _drive(
                     in_flight.pop(ref)
                     pool.lost(job.worker, kill=True)
                     record(job, TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)"), now)
-        if stop.requested:
-            outcome.interrupted = True
-            log(f"stopped ({stop.requested}): {len(in_flight)} running trial(s) recorded as failed")
+        if stop.cancel and in_flight:
+            log(f"{stop.cancelled_by}: cancelling the {len(in_flight)} running trial(s); they are recorded as failed")
+            pool.shutdown()  # end the trials first, so no worker keeps computing while the stores are written
             now = time.perf_counter()
             for job in in_flight.values():
-                record(job, TrialResult(error=f"stopped: the driver got {stop.requested} (`paretolab jobs stop` or `ray job stop`)"), now)
+                job.trial.set_user_attr(INTERRUPTED, stop.cancelled_by)
+                record(job, TrialResult(error=stop.reason()), now)
             in_flight.clear()
     except KeyboardInterrupt:
-        outcome.interrupted = True
-        log(f"\ninterrupted: {len(in_flight)} trial(s) left unfinished; `paretolab run --resume` continues the study")
+        stop.requested = stop.requested or "SIGINT"
+        log(f"\n{stop.requested}: stopped at once; {len(in_flight)} running trial(s) are left unfinished (`--resume` runs them again)")
     finally:
         stop.restore()
         bar.close()
-        pool.shutdown()
+        if pool is not None:
+            pool.shutdown()
         if board is not None:
             ray.kill(board)
+        _end_session(study, stop.requested, sys.exc_info()[1], planned)
     outcome.wall_s = time.perf_counter() - start
+    outcome.interrupted = bool(stop.requested)
+    outcome.stopped_by = stop.requested
     if not outcome.interrupted:
         tracker.finish_study(parent, {"trials_complete": float(count_in_state(study, optuna.trial.TrialState.COMPLETE)), "trials_failed": float(count_in_state(study, optuna.trial.TrialState.FAIL))})
     return outcome
+
+
+def _end_session(study: optuna.Study, signame: str, error: BaseException | None, target: int) -> None:
+    """Keep how the session ended with the study; never mask the error that ended it."""
+    try:
+        session_ended(study, signame or None, target, error=first_line(error) if error is not None else None)
+    except Exception:  # noqa: BLE001 - a store that fails here already failed the run; that error is the one to show
+        if error is None:
+            raise
 
 
 def _awaiting_references(spec: StudySpec, study: optuna.Study, proposer: Proposer, in_flight: dict[Any, _Job]) -> bool:
@@ -275,23 +297,6 @@ def _awaiting_references(spec: StudySpec, study: optuna.Study, proposer: Propose
               if t.user_attrs.get(ENQUEUED, "") in missing]
     raise ParetolabError(f"{missing[0]} did not complete ({'; '.join(failed) or 'it never ran'}), so no trial can be judged against it; "
                          "fix its failure and run again with --resume, or drop the relative bound from constraints:")
-
-
-class _StopSignal:
-    """SIGTERM (what `ray job stop` sends) asks the loop to stop; it then ends running trials as failed."""
-
-    def __init__(self) -> None:
-        self.requested = ""
-        self._previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = "SIGTERM"
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _progress(enabled: bool, total: int, initial: int, name: str) -> Any:

@@ -45,12 +45,7 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
         study.set_user_attr("pipeline", spec.raw)
         study.set_user_attr(STUDY_ATTR, [c.describe() for c in spec.constraints])
         return study
-    stored = study.user_attrs.get("pipeline_hash")
-    if not spec.matches_hash(stored):
-        raise ConfigError(
-            f"study {spec.name!r} in {stores.redacted().optuna_url} was started from a different pipeline "
-            f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"
-        )
+    check_same_pipeline(spec, study, stores)
     if not resume and study.trials:
         finished = finished_count(study)
         if trials is None:
@@ -66,6 +61,16 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
     if study.user_attrs.get("pipeline") != spec.raw:  # the same hash: only the description, claim, resources or budget changed
         study.set_user_attr("pipeline", spec.raw)  # the report reads the claim and description from here
     return study
+
+
+def check_same_pipeline(spec: StudySpec, study: optuna.Study, stores: Stores) -> None:
+    """Refuse a study of this name that a different pipeline started (`run` and `check` alike)."""
+    stored = study.user_attrs.get("pipeline_hash")
+    if not spec.matches_hash(stored):
+        raise ConfigError(
+            f"study {spec.name!r} in {stores.redacted().optuna_url} was started from a different pipeline "
+            f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"
+        )
 
 
 def stale_trials(study: optuna.Study, tracker: Any, spec: StudySpec, log: Any) -> list[tuple[optuna.Trial, int]]:
