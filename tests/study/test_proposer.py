@@ -7,7 +7,8 @@ import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.stores import resolve_stores
-from paretolab.study.driver import _grid_trials, run_study
+from paretolab.study.driver import run_study
+from paretolab.study.preflight import planned_trials
 from paretolab.study.proposer import Proposer, params_key
 from paretolab.study.search import make_sampler, plan_trial, space_size
 from paretolab.study.spec import parse_spec
@@ -64,10 +65,10 @@ def test_a_grid_is_handed_out_in_order_and_its_size_is_the_trial_count():
 
     points = grid_points(spec)
     said: list[str] = []
-    assert _grid_trials(spec, points, None, said.append) == 9
+    assert planned_trials(spec, None, said.append) == (points, 9)
     assert "search.trials is 12 but the grid has 9 points" in said[0]
     with pytest.raises(ConfigError, match="--trials 20: a grid study runs each of its 9 points once"):
-        _grid_trials(spec, points, 20, said.append)
+        planned_trials(spec, 20, said.append)
     study = optuna.create_study(directions=["minimize", "minimize"])
     proposer = Proposer(spec, study, points)
     got = []
