@@ -6,11 +6,12 @@ ours). The pruning is ``wanda`` (default) or ``magnitude`` scores per output row
 
 What runs (our choices, the official code only ships the CUDA SpMV for batch 1):
 - one token (batch*seq == 1) on a CUDA device with triton installed: the Triton SpMV kernel;
-- everything else (several tokens, or the CPU): the matrix is decoded from the format for that
-  forward call only and multiplied with ``F.linear``; nothing dense is kept between calls.
-  On the CPU this beats the PyTorch reference SpMV even for one token (measured here, 1536x576
-  at 50%, one thread: decode + matvec ~9 ms, reference SpMV ~15 ms, dense matvec ~0.2 ms), so
-  on a CPU the MACKO model saves memory, not time; the reference is the kernel's test oracle.
+- up to ``CPU_KERNEL_MAX_TOKENS`` tokens on the CPU: the C SpMV (``paretolab.kernels.macko_cpu``,
+  torch's thread count), which reads only the format's buffers; where the extension is not built
+  or ``PARETOLAB_CPU_KERNELS=0``, the decode path below (same numbers up to summation order);
+- everything else (more tokens, or CUDA without triton): the matrix is decoded from the format
+  for that forward call only and multiplied with ``F.linear``; nothing dense is kept between
+  calls (decoding costs ms per matrix on a CPU: that path saves memory, not time).
 The layer keeps only the MACKO buffers (fp16 or bf16 values, 4-bit deltas, int32 row
 pointers) plus its bias; ``size_bytes`` counts those buffers exactly (recorded as the storage
 entry ``format:<module name>``), so the saving is real.
@@ -31,11 +32,13 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_decode, macko_encode
+from paretolab.kernels.macko_cpu import macko_spmv_cpu
 from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.baselines import linear_weights, magnitude_mask
 from paretolab.plugins.wanda import activation_norms, check_sparsity, wanda_mask
 
 SCORES = ("wanda", "magnitude")
+CPU_KERNEL_MAX_TOKENS = 8  # up to this many tokens a forward on the CPU runs the C SpMV (one pass, one gather per token); more: decode + matmul
 VALUE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -77,6 +80,9 @@ class MackoLinear(torch.nn.Module):
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if x.is_cuda and x.numel() == self.in_features and _triton_kernel() is not None:
             y = _triton_kernel()(self.fmt, x.reshape(self.in_features)).reshape(*x.shape[:-1], self.out_features)
+            return y if bias is None else y + bias
+        if x.device.type == "cpu" and x.shape[:-1].numel() <= CPU_KERNEL_MAX_TOKENS:
+            y = macko_spmv_cpu(self.fmt, x)  # the C kernel where built (else decode + matmul, the same numbers)
             return y if bias is None else y + bias
         weight = macko_decode(self.fmt).to(x.dtype)  # (out, in), freed after this call
         return F.linear(x, weight, bias)

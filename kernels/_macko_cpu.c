@@ -1,0 +1,338 @@
+/* MACKO SpMV on the CPU: y[b] = M @ x[b] for a few vectors x[b], read straight from the format.
+ *
+ * The format is kernels/macko_format.py's (read its docstring): fp16 or bf16 values, one 4-bit
+ * code (column step - 1) per value, two per byte, low nibble first, int32 row pointers. The
+ * Python wrapper (kernels/macko_cpu.py) checks dtypes, shapes and devices and passes raw
+ * addresses; this file checks what only the data can tell (row pointers in order and inside
+ * the buffers, no column past the matrix) and raises instead of reading out of bounds.
+ *
+ * Work: each row is computed whole by one thread (OpenMP, the runtime torch already loaded:
+ * both name libgomp.so.1, so one thread pool serves both); rows are split so that every thread
+ * gets the same number of stored entries, not of rows. A row's result depends on nothing but
+ * the row, so any thread count gives bit-identical output.
+ *
+ * Two instruction paths, picked at run time: AVX-512 (16 entries a step: 8 bytes of codes
+ * widened to 16 column steps, an in-register prefix sum, a gather of x, values widened to fp32
+ * in registers, one FMA per vector x) and portable scalar C (the same arithmetic one entry at a
+ * time; also what the tests compare the vector path against).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+#define MAX_BATCH 8 /* vectors of x per pass over the format; more are done in several passes */
+#define X_PAD 256   /* zeros after each copied row of x: the AVX-512 path loads up to 256 columns from any column <= cols */
+
+typedef struct {
+    const uint16_t *values; /* raw 16-bit patterns */
+    const uint8_t *deltas;
+    const int32_t *row_ptr;
+    int64_t rows, cols, n_values;
+    int bf16;          /* 0: fp16 values, 1: bf16 values */
+    const float *x;    /* (batch, x_stride) fp32 */
+    int64_t x_stride;
+    int64_t batch;
+    float *y;          /* (batch, rows) fp32 */
+} Spmv;
+
+/* ---------- scalar path ---------- */
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13); /* inf / nan */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* One row, scalar; returns 0, or 1 where a column left the matrix (nothing read past x). */
+static int row_scalar(const Spmv *p, int64_t r, int64_t b0, int nb) {
+    float acc[MAX_BATCH] = {0};
+    int64_t col = -1;
+    for (int64_t i = p->row_ptr[r]; i < p->row_ptr[r + 1]; i++) {
+        col += ((p->deltas[i >> 1] >> ((i & 1) * 4)) & 0xF) + 1;
+        if (col >= p->cols) return 1;
+        float v = p->bf16 ? bf16_to_float(p->values[i]) : half_to_float(p->values[i]);
+        for (int b = 0; b < nb; b++) acc[b] += v * p->x[(b0 + b) * p->x_stride + col];
+    }
+    for (int b = 0; b < nb; b++) p->y[(b0 + b) * p->rows + r] = acc[b];
+    return 0;
+}
+
+/* ---------- AVX-512 path ---------- */
+#ifdef HAVE_X86
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,bmi2")))
+
+#define ONES 0x0101010101010101ULL
+
+/* 16 codes from 8 bytes (entry order: low nibble, high nibble, next byte ...) as column steps 1..16. */
+AVX512 static inline __m512i steps_of(__m128i bytes) {
+    __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+    return _mm512_add_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), _mm512_set1_epi32(1));
+}
+
+/* Inclusive prefix sum of 16 int32 lanes (four shift-and-add steps). */
+AVX512 static inline __m512i prefix_sum(__m512i v) {
+    const __m512i z = _mm512_setzero_si512();
+    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 15));
+    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 14));
+    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 12));
+    return _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 8));
+}
+
+
+/* Column steps of 8 entries (8 codes in the low 32 bits of d) as 8 bytes, then their running sums
+ * (one multiply: byte j of s * ONES is s_0 + ... + s_j; at most 8 * 16 = 128, so no carries). */
+AVX512 static inline uint64_t running_steps(uint64_t d) {
+    return (_pdep_u64(d, 0x0F0F0F0F0F0F0F0FULL) + ONES) * ONES;
+}
+
+AVX512 static inline __m512 widen(__m256i raw, int bf16) {
+    if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    return _mm512_cvtph_ps(raw);
+}
+
+/* x at 16 columns col + 1 + rel (rel < 32 * pairs): 2 * pairs loads from col + 1, one permute per
+ * pair of vectors, then a blend tree on the bits of rel above 4. */
+AVX512 static inline __attribute__((always_inline)) __m512 x_window(const float *w, __m512i rel, int pairs) {
+    __m512 part[8];
+    for (int k = 0; k < pairs; k++) part[k] = _mm512_permutex2var_ps(_mm512_loadu_ps(w + 32 * k), rel, _mm512_loadu_ps(w + 32 * k + 16));
+    for (int bit = 32; bit < 32 * pairs; bit *= 2) {
+        __mmask16 upper = _mm512_test_epi32_mask(rel, _mm512_set1_epi32(bit));
+        for (int k = 0; k < pairs * 32 / bit / 2; k++) part[k] = _mm512_mask_blend_ps(upper, part[2 * k], part[2 * k + 1]);
+    }
+    return part[0];
+}
+
+/* One step: 16 entries (n < 16 only in a row's last step, whose absent codes step by 1 and
+ * whose absent values are 0) given as 8 code bytes d and values v. Returns the new column, or
+ * -2 where a column left the matrix. */
+AVX512 static inline __attribute__((always_inline)) int64_t step(const float *const *xs, __m512 *acc, int nb, int64_t col,
+                                                                   int64_t cols, uint64_t d, __m512 v, int64_t n, int full) {
+    uint64_t lo = running_steps(d), hi = running_steps(d >> 32);
+    int64_t half = (int64_t)(lo >> 56), span = half + (int64_t)(hi >> 56); /* lane 15 is at col + span <= col + 256 */
+    int64_t next = col + span - (16 - n);
+    if (next >= cols) return -2; /* the deltas do not belong to this shape */
+    /* offsets from col + 1: lo - 1 and hi + half - 1 per byte, all < span <= 256 */
+    __m512i rel = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)(hi + (uint64_t)(half - 1) * ONES), (long long)(lo - ONES)));
+    for (int b = 0; b < nb; b++) {
+        const float *w = xs[b] + col + 1;
+        __m512 xv = span <= 64 ? x_window(w, rel, 2) : span <= 128 ? x_window(w, rel, 4) : x_window(w, rel, 8);
+        if (!full) xv = _mm512_maskz_mov_ps((__mmask16)((1u << n) - 1), xv); /* absent lanes: 0, also where x is inf */
+        acc[b] = _mm512_fmadd_ps(v, xv, acc[b]);
+    }
+    return next;
+}
+
+/* One row, 16 entries a step. The 16 codes of a step become column offsets in general purpose
+ * registers (pdep + multiply). Where the step spans at most 64 columns (the usual case up to
+ * ~70 % sparsity) x is read as 4 vectors from the step's first possible column and the 16
+ * values picked by two in-register permutes; wider steps read x one entry at a time (a hardware
+ * gather was slower than that here). x rows are padded by X_PAD zeros, so a window that starts
+ * at any column <= cols stays inside the buffer. */
+AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p, int64_t r, int64_t b0, int nb, int bf16) {
+    const float *xs[MAX_BATCH];
+    __m512 acc[MAX_BATCH];
+    float first[MAX_BATCH] = {0};
+    for (int b = 0; b < nb; b++) { xs[b] = p->x + (b0 + b) * p->x_stride; acc[b] = _mm512_setzero_ps(); }
+    const uint16_t *values = p->values;
+    const uint8_t *deltas = p->deltas;
+    const int64_t cols = p->cols;
+    int64_t i = p->row_ptr[r], e = p->row_ptr[r + 1], col = -1;
+    if (i < e && (i & 1)) { /* an odd start: one entry by hand so that the steps start on a byte */
+        col = deltas[i >> 1] >> 4;
+        if (col >= cols) return 1;
+        float v = bf16 ? bf16_to_float(values[i]) : half_to_float(values[i]);
+        for (int b = 0; b < nb; b++) first[b] = v * xs[b][col];
+        i++;
+    }
+    for (; e - i >= 16 && col >= -1; i += 16) {
+        uint64_t d;
+        memcpy(&d, deltas + (i >> 1), 8);
+        __m512 v = widen(_mm256_loadu_si256((const __m256i *)(values + i)), bf16);
+        col = step(xs, acc, nb, col, cols, d, v, 16, 1);
+    }
+    if (i < e && col >= -1) { /* masked loads never touch memory past the row's last entry */
+        int64_t left = e - i;
+        __m128i bytes = _mm_maskz_loadu_epi8((__mmask16)((1u << ((left + 1) >> 1)) - 1), deltas + (i >> 1));
+        uint64_t d = (uint64_t)_mm_cvtsi128_si64(bytes) & ((1ULL << (4 * left)) - 1);
+        __m512 v = widen(_mm256_maskz_loadu_epi16((__mmask16)((1u << left) - 1), values + i), bf16);
+        col = step(xs, acc, nb, col, cols, d, v, left, 0);
+    }
+    if (col < -1) return 1;
+    for (int b = 0; b < nb; b++) p->y[(b0 + b) * p->rows + r] = first[b] + _mm512_reduce_add_ps(acc[b]);
+    return 0;
+}
+
+/* One specialisation per batch size and value type, so that the accumulators stay in registers. */
+AVX512 static int row_avx512_n(const Spmv *p, int64_t r, int64_t b0, int nb) {
+    switch (nb * 2 + p->bf16) {
+#define ROW_CASE(k) case 2 * k: return row_avx512(p, r, b0, k, 0); case 2 * k + 1: return row_avx512(p, r, b0, k, 1);
+    ROW_CASE(1) ROW_CASE(2) ROW_CASE(3) ROW_CASE(4) ROW_CASE(5) ROW_CASE(6) ROW_CASE(7)
+#undef ROW_CASE
+    default: return p->bf16 ? row_avx512(p, r, b0, 8, 1) : row_avx512(p, r, b0, 8, 0);
+    }
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("bmi2");
+}
+#else
+static int cpu_has_avx512(void) { return 0; }
+#endif
+
+/* ---------- driver ---------- */
+
+/* First row whose start offset is >= target (row_ptr is non-decreasing). */
+static int64_t row_at(const int32_t *row_ptr, int64_t rows, int64_t target) {
+    int64_t lo = 0, hi = rows;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (row_ptr[mid] < target) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int run_rows(const Spmv *p, int64_t r0, int64_t r1, int vector) {
+    int bad = 0;
+    for (int64_t b0 = 0; b0 < p->batch; b0 += MAX_BATCH) {
+        int nb = (int)(p->batch - b0 < MAX_BATCH ? p->batch - b0 : MAX_BATCH);
+        for (int64_t r = r0; r < r1 && !bad; r++) {
+#ifdef HAVE_X86
+            if (vector) { bad = row_avx512_n(p, r, b0, nb); continue; }
+#endif
+            bad = row_scalar(p, r, b0, nb);
+        }
+    }
+    return bad;
+}
+
+static int spmv(const Spmv *p, int threads, int vector) {
+    int64_t total = p->row_ptr[p->rows];
+    int bad = 0;
+#ifdef _OPENMP
+    if (threads > 1 && p->rows > 1) {
+#pragma omp parallel num_threads(threads) reduction(| : bad)
+        {
+            int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+            int64_t r0 = t == 0 ? 0 : row_at(p->row_ptr, p->rows, total * t / n);
+            int64_t r1 = t == n - 1 ? p->rows : row_at(p->row_ptr, p->rows, total * (t + 1) / n);
+            bad |= run_rows(p, r0, r1, vector);
+        }
+        return bad;
+    }
+#endif
+    (void)threads;
+    return run_rows(p, 0, p->rows, vector);
+}
+
+static PyObject *py_spmv(PyObject *self, PyObject *args) {
+    unsigned long long values, deltas, row_ptr, x, y;
+    long long rows, cols, n_values, x_stride, batch;
+    int bf16, threads, scalar;
+    if (!PyArg_ParseTuple(args, "KKKLLLpKLLKip", &values, &deltas, &row_ptr, &rows, &cols, &n_values, &bf16,
+                          &x, &x_stride, &batch, &y, &threads, &scalar))
+        return NULL;
+    if (rows < 0 || cols < 0 || n_values < 0 || batch < 0 || x_stride < cols || (n_values & 1)) {
+        PyErr_Format(PyExc_ValueError, "macko spmv: bad sizes rows=%lld cols=%lld n_values=%lld batch=%lld x_stride=%lld",
+                     rows, cols, n_values, batch, x_stride);
+        return NULL;
+    }
+    Spmv p = {(const uint16_t *)(uintptr_t)values, (const uint8_t *)(uintptr_t)deltas, (const int32_t *)(uintptr_t)row_ptr,
+              rows, cols, n_values, bf16, (const float *)(uintptr_t)x, x_stride, batch, (float *)(uintptr_t)y};
+    /* The row pointers must start at 0, never decrease and stay inside the value buffer. */
+    if (p.row_ptr[0] != 0 || p.row_ptr[rows] > n_values) {
+        PyErr_Format(PyExc_ValueError, "macko spmv: row_ptr must run from 0 to at most %lld stored values, got %d..%d; "
+                     "re-encode the matrix with macko_encode", n_values, p.row_ptr[0], p.row_ptr[rows]);
+        return NULL;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        if (p.row_ptr[r + 1] < p.row_ptr[r]) {
+            PyErr_Format(PyExc_ValueError, "macko spmv: row_ptr decreases at row %lld (%d > %d); re-encode the matrix with macko_encode",
+                         (long long)r, p.row_ptr[r], p.row_ptr[r + 1]);
+            return NULL;
+        }
+    if (rows == 0 || batch == 0) Py_RETURN_NONE;
+    if (cols == 0) {
+        if (p.row_ptr[rows] != 0) {
+            PyErr_SetString(PyExc_ValueError, "macko spmv: a matrix with 0 columns stores entries; re-encode it with macko_encode");
+            return NULL;
+        }
+        memset(p.y, 0, (size_t)(rows * batch) * sizeof(float));
+        Py_RETURN_NONE;
+    }
+    /* x copied into zero-padded rows (a few KB; the matrix is what costs) */
+    float *xpad = PyMem_RawMalloc((size_t)(batch * (cols + X_PAD)) * sizeof(float));
+    if (!xpad) return PyErr_NoMemory();
+    for (int64_t b = 0; b < batch; b++) {
+        memcpy(xpad + b * (cols + X_PAD), p.x + b * x_stride, (size_t)cols * sizeof(float));
+        memset(xpad + b * (cols + X_PAD) + cols, 0, X_PAD * sizeof(float));
+    }
+    p.x = xpad;
+    p.x_stride = cols + X_PAD;
+    int bad;
+    int vector = !scalar && cpu_has_avx512();
+    Py_BEGIN_ALLOW_THREADS
+    bad = spmv(&p, threads, vector);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(xpad);
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "macko spmv: the column codes step past the matrix's %lld columns; "
+                     "the deltas buffer does not belong to this shape (re-encode with macko_encode)", cols);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) {
+    return PyUnicode_FromString(cpu_has_avx512() ? "avx512" : "scalar");
+}
+
+static PyObject *py_openmp(PyObject *self, PyObject *noargs) {
+#ifdef _OPENMP
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"spmv", py_spmv, METH_VARARGS,
+     "spmv(values, deltas, row_ptr, rows, cols, n_values, bf16, x, x_stride, batch, y, threads, scalar): "
+     "y[b, :] = M @ x[b, :] (addresses of contiguous CPU buffers; x and y fp32)"},
+    {"isa", py_isa, METH_NOARGS, "the instruction path spmv takes on this CPU: 'avx512' or 'scalar'"},
+    {"openmp", py_openmp, METH_NOARGS, "whether the extension was built with OpenMP (threads > 1 possible)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_macko_cpu", "MACKO SpMV on the CPU (see kernels/macko_cpu.py)", -1, methods};
+
+PyMODINIT_FUNC PyInit__macko_cpu(void) { return PyModule_Create(&module); }

@@ -1,0 +1,67 @@
+"""MACKO SpMV on the CPU by the C kernel (``kernels/_macko_cpu.c``), the PyTorch path where it is not built.
+
+``macko_spmv_cpu(fmt, x)`` computes ``M @ x`` for ``x`` of shape (cols,) or (..., cols) straight
+from the format's buffers: values widened from fp16/bf16 to fp32 in registers, x and the sums in
+fp32, the result in x's dtype. Rows are shared among ``threads`` (default: torch's thread count)
+by stored entries; each row is summed by one thread, so the result does not depend on the
+thread count. Every vector of x costs one gather per stored entry, so the kernel is for a few
+tokens at a time (decoding); for many, decoding the matrix once and one matmul is faster.
+
+Fallback (extension not built, or ``PARETOLAB_CPU_KERNELS=0``): ``macko_decode`` then a dense
+fp32 matmul, the same numbers up to summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paretolab.kernels.cpu_ext import extension
+from paretolab.kernels.macko_format import VALUE_DTYPES, MackoMatrix, macko_decode
+
+NAME = "_macko_cpu"
+PARALLEL_MIN = 1 << 15  # stored entries x vectors below which one thread does it all (waking a second costs more)
+
+
+def macko_cpu_kernel() -> str | None:
+    """The path ``macko_spmv_cpu`` takes now: ``"avx512"`` or ``"scalar"`` (the C kernel), or None (PyTorch fallback)."""
+    ext = extension(NAME)
+    return None if ext is None else ext.isa()
+
+
+def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = None, scalar: bool = False) -> torch.Tensor:
+    """y = M @ x on the CPU; ``scalar=True`` forces the kernel's portable path (tests compare the two)."""
+    rows, cols = fmt.shape
+    if x.shape[-1] != cols:
+        raise ValueError(f"x has {x.shape[-1]} features, the matrix has {cols} columns; pass x of shape (..., {cols})")
+    ext = extension(NAME)
+    if ext is None:
+        return (macko_decode(fmt).float() @ x.float().unsqueeze(-1)).squeeze(-1).to(x.dtype)
+    values, deltas, row_ptr = fmt.values, fmt.deltas, fmt.row_ptr
+    _check(values, deltas, row_ptr, fmt.shape, x)
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    batch = xf.numel() // cols if cols else x.shape[:-1].numel()
+    y = torch.empty(*x.shape[:-1], rows, dtype=torch.float32)
+    n = values.numel()
+    if threads is None:
+        threads = torch.get_num_threads() if n * batch >= PARALLEL_MIN else 1
+    elif threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}; pass None for torch's thread count")
+    ext.spmv(values.data_ptr(), deltas.data_ptr(), row_ptr.data_ptr(), rows, cols, n, values.dtype == torch.bfloat16,
+             xf.data_ptr(), cols, batch, y.data_ptr(), threads, scalar)
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def _check(values: torch.Tensor, deltas: torch.Tensor, row_ptr: torch.Tensor, shape: tuple[int, int], x: torch.Tensor) -> None:
+    """What the C kernel trusts: CPU, contiguous buffers of the format's dtypes and lengths (the data is checked in C)."""
+    if (values.dtype in VALUE_DTYPES and deltas.dtype == torch.uint8 and row_ptr.dtype == torch.int32 and not values.is_cuda
+            and x.device.type == "cpu" and values.device.type == "cpu" and values.is_contiguous() and deltas.is_contiguous()
+            and row_ptr.is_contiguous() and values.numel() == 2 * deltas.numel() and row_ptr.numel() == shape[0] + 1):
+        return
+    if values.device.type != "cpu" or x.device.type != "cpu":
+        raise ValueError(f"macko_spmv_cpu runs on the CPU; got the format on {values.device} and x on {x.device} (move both with .to('cpu'))")
+    if values.dtype not in VALUE_DTYPES or deltas.dtype != torch.uint8 or row_ptr.dtype != torch.int32:
+        raise ValueError(f"MACKO buffers must be values {VALUE_DTYPES}, deltas uint8, row_ptr int32; got {values.dtype}, {deltas.dtype}, {row_ptr.dtype}")
+    if not (values.is_contiguous() and deltas.is_contiguous() and row_ptr.is_contiguous()):
+        raise ValueError("MACKO buffers must be contiguous; call .contiguous() on values, deltas and row_ptr")
+    raise ValueError(f"MACKO buffers do not fit shape {shape}: {values.numel()} values, {deltas.numel()} delta bytes "
+                     f"(need 2 values per byte), {row_ptr.numel()} row pointers (need rows + 1); re-encode with macko_encode")

@@ -1,0 +1,62 @@
+"""macko on the CPU: one-token forwards (decoding) run the C SpMV when it is built; switched off, the decode path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paretolab import TrialContext
+from paretolab.generation import greedy_decode
+from paretolab.kernels import cpu_ext
+from paretolab.kernels.macko_cpu import NAME
+from paretolab.plugin_api.subject import Subject
+from paretolab.plugins.macko import CPU_KERNEL_MAX_TOKENS, Macko
+
+if not cpu_ext.built(NAME):  # reported in the summary (-rs), never silent
+    pytestmark = pytest.mark.skip(reason="paretolab.kernels._macko_cpu is not built (needs a C compiler with OpenMP): "
+                                         "run `pip install -e . --no-deps --no-build-isolation`")
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the C kernel's calls (the extension module's ``spmv``, wrapped)."""
+    ext = cpu_ext.extension(NAME)
+    real = ext.spmv
+    calls: list[int] = []
+
+    def counting(*args: object) -> None:
+        calls.append(1)
+        real(*args)
+
+    monkeypatch.setattr(ext, "spmv", counting)
+    return calls
+
+
+def packed(tiny: Subject, ctx: TrialContext) -> Subject:
+    return Macko().transform(tiny, {"sparsity": 0.5, "score": "magnitude"}, ctx)
+
+
+def test_decoding_runs_the_c_kernel_and_matches_the_decode_path(tiny: Subject, ctx: TrialContext, kernel_calls: list[int],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    subject = packed(tiny, ctx)
+    prompt = torch.randint(3, 250, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fast = greedy_decode(subject.model, prompt, 6)
+        assert len(kernel_calls) >= 5 * 14  # 5 one-token steps after the prefill, 14 MACKO layers each
+        step = subject.model(input_ids=prompt[:, :1]).logits
+        monkeypatch.setenv(cpu_ext.ENV, "0")
+        before = len(kernel_calls)
+        slow = greedy_decode(subject.model, prompt, 6)
+        step_slow = subject.model(input_ids=prompt[:, :1]).logits
+    assert len(kernel_calls) == before  # switched off: not one call
+    assert torch.equal(fast, slow)
+    torch.testing.assert_close(step, step_slow, rtol=1e-5, atol=1e-5)  # fp32 sums in another order
+
+
+def test_a_long_prefill_decodes_the_matrix_instead(tiny: Subject, ctx: TrialContext, kernel_calls: list[int]) -> None:
+    subject = packed(tiny, ctx)
+    with torch.no_grad():
+        subject.model(input_ids=torch.randint(3, 250, (1, CPU_KERNEL_MAX_TOKENS + 1)))
+        assert kernel_calls == []
+        subject.model(input_ids=torch.randint(3, 250, (1, CPU_KERNEL_MAX_TOKENS)))
+    assert len(kernel_calls) == 14
