@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from paretolab.results.replicates import per_configuration
 from paretolab.study.constraints import FEASIBLE
 from paretolab.study.constraints import STUDY_ATTR as CONSTRAINTS  # the study's bounds in words; absent without constraints
@@ -16,33 +18,40 @@ def is_feasible(attrs: dict[str, Any]) -> bool:
     return attrs.get(FEASIBLE) is not False
 
 
-def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str], *, keep_ties: bool = False) -> list[int]:
+def pareto_indices(points: Sequence[Sequence[float]] | np.ndarray, directions: Sequence[str], *, keep_ties: bool = False) -> list[int]:
     """Indices of the non-dominated points (exact ties kept once, or all of them with ``keep_ties``), in input order.
 
-    Two objectives take O(n log n) (sort, then one sweep); more objectives use a
-    sort-then-filter pass that is O(n·f) for f frontier points.
+    Two objectives take O(n log n) in numpy (a lexicographic sort, then a running minimum, NaN ignored: 100,000
+    points in milliseconds); more objectives use a sort-then-filter pass that is O(n·f) for f
+    frontier points. ``points`` may be a list of rows or an (n, k) array.
     """
-    if not points:
+    if len(points) == 0:
         return []
+    if len(directions) == 2:
+        return _two_objectives(np.asarray(points, dtype=float), directions, keep_ties)
     signs = [1.0 if d == "minimize" else -1.0 for d in directions]
     keyed = [tuple(s * v for s, v in zip(signs, p)) for p in points]
     order = sorted(range(len(keyed)), key=lambda i: keyed[i])
     front: list[int] = []
-    if len(signs) == 2:
-        best_second = float("inf")
-        last: tuple[float, ...] | None = None
-        for i in order:
-            if keyed[i][1] < best_second:
-                front.append(i)
-                best_second = keyed[i][1]
-                last = keyed[i]
-            elif last is not None and keyed[i] == last and keep_ties:
-                front.append(i)  # an exact duplicate of a frontier point: a tie, kept when asked
-        return sorted(front)
     for i in order:  # lexicographic order: no later point can dominate an earlier one
         if not any(_dominates(keyed[j], keyed[i]) or (keyed[j] == keyed[i] and not keep_ties) for j in front):
             front.append(i)
     return sorted(front)
+
+
+def _two_objectives(points: np.ndarray, directions: Sequence[str], keep_ties: bool) -> list[int]:
+    """Sorted by (first, second) objective, both turned into minimisation, a point is on the frontier when its
+    second objective beats every earlier point's; an exact duplicate of a frontier point is a tie."""
+    keyed = points * np.array([1.0 if d == "minimize" else -1.0 for d in directions])
+    order = np.lexsort((keyed[:, 1], keyed[:, 0]))  # stable: equal points keep their input order
+    first, second = keyed[order, 0], keyed[order, 1]
+    best_before = np.concatenate(([np.inf], np.minimum.accumulate(np.where(np.isnan(second), np.inf, second))[:-1]))
+    on_front = second < best_before
+    if keep_ties:
+        same_as_previous = np.concatenate(([False], (first[1:] == first[:-1]) & (second[1:] == second[:-1])))
+        leader = np.maximum.accumulate(np.where(same_as_previous, 0, np.arange(len(order))))  # first of each run of equal points
+        on_front = on_front[leader]
+    return sorted(order[on_front].tolist())
 
 
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
