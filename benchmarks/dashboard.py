@@ -1,15 +1,18 @@
-"""The dashboard's frontier data path on a 10,000-trial two-objective study, against Optuna's best_trials.
+"""The dashboard's frontier data path on a 100,000-trial two-objective study, against Optuna's best_trials.
 
-    python benchmarks/dashboard.py [--trials 10000] [--repeat 5]
+    python benchmarks/dashboard.py [--trials 100000] [--repeat 5] [--store DIR]
 
-Fills a temporary SQLite store with synthetic trials (``study.add_trials`` + ``create_trial``),
-then times in one process:
-  (a) cold: our data path from an empty cache (store read + frontier + plot data),
-  (b) warm: a repaint from the cache (version query + cache hit + frontier lookup + plot data),
+Fills a SQLite store with synthetic trials (``study.add_trials`` + ``create_trial``: one commit
+per trial, about 20 minutes for 100,000 on two cores; ``--store DIR`` keeps the store and reuses
+it on the next run), then times in one process:
+  (a) cold: our data path from an empty cache, everything the first paint of the Frontier page
+      computes: the store read (what is known of the store included), frontier, plot data, figure,
+  (b) warm: a repaint from the cache (the store's change check + cache hit + memoised plot data),
   (c) ``optuna.load_study(...).best_trials`` on the same store,
-and prints the times and the ratio (c)/(a). Every number is the median of ``--repeat`` runs;
-(a) clears our cache before each run. The registry (plugin import) is left out: it is loaded
-once per server process, not per repaint.
+and prints the times and the ratio (c)/(a). Each number is the median of ``--repeat`` runs, with
+the range and the CPU time of this process beside it (the wall time on a shared machine varies
+with the neighbours' load; the CPU time much less). (a) clears our cache before each run. The
+registry (plugin import) is left out: it is loaded once per server process, not per repaint.
 """
 
 from __future__ import annotations
@@ -109,25 +112,37 @@ def page_times(url: str, repeat: int) -> tuple[float, float]:
         at.run()
         assert not at.exception, [e.value for e in at.exception]
 
-    cold, _ = timed(rerun, repeat, before=data.clear_cache)
-    warm, _ = timed(rerun, repeat)
+    cold, _ = timed(rerun, repeat, before=data.clear_cache, label="page cold")
+    warm, _ = timed(rerun, repeat, label="page warm")
     return cold, warm
 
 
-def timed(fn, repeat: int, before=None) -> tuple[float, object]:
-    times, out = [], None
+TIMES: dict[str, tuple[list[float], list[float]]] = {}  # what timed() measured last, by label: wall and CPU seconds per run
+
+
+def timed(fn, repeat: int, before=None, label: str = "") -> tuple[float, object]:
+    """The median wall time of ``repeat`` runs of ``fn`` (and its result); every run's wall and CPU time kept in ``TIMES``."""
+    times, cpu, out = [], [], None
     for _ in range(repeat):
         if before:
             before()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = fn()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    TIMES[label] = (times, cpu)
     return statistics.median(times), out
+
+
+def spread(label: str) -> str:
+    """'range 0.9-1.3 s, CPU 0.8 s' for the runs of ``label``."""
+    wall, cpu = TIMES[label]
+    return f"range {min(wall) * 1000:.1f}-{max(wall) * 1000:.1f} ms, CPU median {statistics.median(cpu) * 1000:.1f} ms"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--trials", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--store", help="folder for the store, kept and reused on the next run (default: a temporary folder)")
     args = parser.parse_args()
@@ -141,18 +156,21 @@ def main() -> None:
             fill(url, args.trials)
             print(f"filled {args.trials} trials in {time.perf_counter() - start:.1f} s ({url})")
         our_path(url)  # warm-up: imports, SQLAlchemy engine, distribution parsing are per process, not per repaint
-        cold, n_front = timed(lambda: our_path(url), args.repeat, before=data.clear_cache)
-        warm, _ = timed(lambda: our_path(url), args.repeat)
-        read_only, _ = timed(lambda: data.load_trials(url, "bench", methods_cost=COST).frontier(["ppl", "size_bytes"], ["minimize", "minimize"]), args.repeat, before=data.clear_cache)
-        optuna_s, best = timed(lambda: optuna.load_study(study_name="bench", storage=url).best_trials, args.repeat)
+        cold, n_front = timed(lambda: our_path(url), args.repeat, before=data.clear_cache, label="cold")
+        warm, _ = timed(lambda: our_path(url), args.repeat, label="warm")
+        read_only, _ = timed(lambda: data.load_trials(url, "bench", methods_cost=COST).frontier(["ppl", "size_bytes"], ["minimize", "minimize"]),
+                             args.repeat, before=data.clear_cache, label="read")
+        optuna_s, best = timed(lambda: optuna.load_study(study_name="bench", storage=url).best_trials, args.repeat, label="optuna")
         page_cold, page_warm = page_times(url, args.repeat)
         assert sorted(t.number for t in best) == sorted(int(n) for n in data.load_trials(url, "bench").frontier(["ppl", "size_bytes"], ["minimize", "minimize"])), "frontiers differ"
     print(f"frontier: {n_front} of {args.trials} trials (same set as Optuna's best_trials)")
-    print(f"(a) ours, cold   (store read + frontier + plot data + figure): {cold * 1000:8.1f} ms")
-    print(f"    ours, cold   (store read + frontier only):                {read_only * 1000:8.1f} ms")
-    print(f"(b) ours, warm   (repaint from cache):                        {warm * 1000:8.1f} ms")
-    print(f"(c) optuna.load_study(...).best_trials:                       {optuna_s * 1000:8.1f} ms")
-    print(f"Frontier page in AppTest, cold / warm rerun (all server-side work): {page_cold * 1000:.1f} / {page_warm * 1000:.1f} ms")
+    print(f"medians of {args.repeat} runs (wall), with their range and CPU time:")
+    print(f"(a) ours, cold   (store read + frontier + plot data + figure): {cold * 1000:8.1f} ms   {spread('cold')}")
+    print(f"    ours, cold   (store read + frontier only):                {read_only * 1000:8.1f} ms   {spread('read')}")
+    print(f"(b) ours, warm   (repaint from cache):                        {warm * 1000:8.1f} ms   {spread('warm')}")
+    print(f"(c) optuna.load_study(...).best_trials:                       {optuna_s * 1000:8.1f} ms   {spread('optuna')}")
+    print(f"Frontier page in AppTest, cold / warm rerun (all server-side work): {page_cold * 1000:.1f} / {page_warm * 1000:.1f} ms"
+          f"   ({spread('page cold')}; {spread('page warm')})")
     print(f"ratio (c)/(a): {optuna_s / cold:.1f}x   (c)/(read+frontier): {optuna_s / read_only:.1f}x   (a)/(b): {cold / warm:.1f}x")
 
 

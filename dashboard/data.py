@@ -1,14 +1,15 @@
 """The dashboard's data path: studies and trials read from the Optuna store, frontiers, a cache.
 
-Rendering lives elsewhere (``plots.py``, ``views.py``); everything here is plain data so that
+Rendering lives elsewhere (``plots.py``, ``view_*.py``); everything here is plain data so that
 the benchmark, the tests and both plot backends share it (Optuna's ``_get_pareto_front_info``
-is the model).
+is the model). The tables are read by ``store_read`` (SQL, one query per table, read-only).
 
-The Optuna tables are read with SQLAlchemy directly, read-only, in one query per table for a
-whole study: ``study.get_trials`` builds a ``FrozenTrial`` per trial and takes seconds for
-10,000 trials, and opening ``RDBStorage`` on a store would create or migrate tables (a write).
-A study's table is cached under its *version* (trial count and the newest start and completion
-times, one cheap aggregate query), so a repaint of an unchanged study reads nothing else.
+What a repaint costs is kept independent of the study's size. Optuna never changes a finished
+trial (COMPLETE, FAIL and PRUNED are final; only RUNNING and WAITING trials change), and trial ids
+only grow. So the store is followed by two lookups on the primary key: the trials above the
+newest id seen, and the trials that were still open. A study's *version* is its newest trial id
+and the states of its open trials; an unchanged study is a cache hit, and a changed one reads
+only its new and formerly open trials into the cached table.
 """
 
 from __future__ import annotations
@@ -18,25 +19,27 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
+from paretolab.dashboard.store_read import (
+    NONE_METHOD,
+    OPEN_STATES,
+    TRIAL_ATTRS,
+    engine,
+    fetch,
+    literal,
+    state_name,
+    store_exists,
+    study_trials,
+)
 from paretolab.results.frontier import CONSTRAINTS, pareto_indices
-from paretolab.study.constraints import FEASIBLE, REASON
-from paretolab.study.optuna_study import PRUNED_AT
+from paretolab.study.constraints import FEASIBLE
 
-STATES = ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")
-NONE_METHOD = "none"
-TRIAL_ATTRS = {"mlflow_run_id": "", "fail_reason": "", FEASIBLE: True, REASON: "", PRUNED_AT: None}  # user attr -> value when absent
-
-
-class EmptyStoreError(LookupError):
-    """The Optuna store does not exist yet or holds no studies."""
+__all__ = ["NONE_METHOD", "engine", "store_exists"]  # read here by runs.py, curves.py and plots.py
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class TrialTable:
     study: StudyInfo
     frame: pd.DataFrame
     version: tuple[Any, ...]
+    trial_ids: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64), repr=False)  # row for row
     _fronts: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
 
@@ -98,7 +102,7 @@ class TrialTable:
         return [c for c in self.frame.columns if c.startswith("param:")]
 
     def complete(self) -> pd.DataFrame:
-        return self.frame[self.frame["state"] == "COMPLETE"]
+        return self.memo(("complete",), lambda: self.frame[self.frame["state"] == "COMPLETE"])
 
     def feasible(self) -> pd.DataFrame:
         """The complete trials that meet the study's constraints: the only ones a frontier is drawn over."""
@@ -124,63 +128,107 @@ def frontier_numbers(done: pd.DataFrame, metrics: list[str], directions: list[st
     groups = [usable] if by is None else [g for _, g in usable.groupby(by, sort=False)]
     numbers: list[int] = []
     for group in groups:
-        points = group[metrics].to_numpy(dtype=float).tolist()
-        front = pareto_indices(points, directions)
+        front = pareto_indices(group[metrics].to_numpy(dtype=float), directions)
         numbers.extend(group["number"].to_numpy()[front].tolist())
     return np.array(sorted(numbers), dtype=int)
 
 
-# ---- engines and SQL -------------------------------------------------------------------------
+
+# ---- the store, followed by trial id ---------------------------------------------------------
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The file behind a ``sqlite:///`` URL (None for other databases or in-memory SQLite)."""
-    u = sa.engine.make_url(url)
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return None
-    return Path(u.database)
+@dataclass
+class _Followed:
+    """What is known of one store's trials without reading them again: counts, newest ids, the open trials."""
+
+    newest: int = 0  # the highest trial_id seen
+    counts: dict[int, dict[str, int]] = field(default_factory=dict)  # study_id -> state -> trials
+    study_newest: dict[int, int] = field(default_factory=dict)  # study_id -> its highest trial_id
+    last: dict[int, Any] = field(default_factory=dict)  # study_id -> newest start or completion (as stored)
+    open: dict[int, tuple[int, str]] = field(default_factory=dict)  # trial_id -> (study_id, state), RUNNING or WAITING
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        """Trials (trial_id, study_id, state, newest time) not seen before, or open ones seen again."""
+        for trial_id, study_id, state, when in rows:
+            state = state_name(state)
+            counts = self.counts.setdefault(study_id, {})
+            before = self.open.pop(trial_id, None)
+            if before is not None:
+                counts[before[1]] -= 1
+            counts[state] = counts.get(state, 0) + 1
+            if state in OPEN_STATES:
+                self.open[trial_id] = (study_id, state)
+            self.newest = max(self.newest, trial_id)
+            self.study_newest[study_id] = max(self.study_newest.get(study_id, 0), trial_id)
+            if when is not None and (self.last.get(study_id) is None or str(when) > str(self.last[study_id])):
+                self.last[study_id] = when
+
+    def version(self, study_id: int) -> tuple[Any, ...]:
+        """Changes whenever a trial is added to the study or one of its open trials changes state."""
+        still_open = tuple(sorted((t, s) for t, (sid, s) in self.open.items() if sid == study_id))
+        return self.study_newest.get(study_id, 0), still_open
+
+    def open_ids(self, study_id: int) -> list[int]:
+        return sorted(t for t, (sid, _) in self.open.items() if sid == study_id)
 
 
-@lru_cache(maxsize=8)
-def engine(url: str) -> sa.engine.Engine:
-    """A read-only engine: SQLite files opened with ``mode=ro`` so the dashboard cannot write."""
-    path = sqlite_path(url)
-    if path is not None:
-        return sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
-    return sa.create_engine(url, pool_pre_ping=True)
+_FOLLOWED: dict[str, _Followed] = {}
+_FOLLOW_LOCK = threading.Lock()
+_ROW = "trial_id, study_id, state, COALESCE(datetime_complete, datetime_start)"
 
 
-def store_exists(url: str) -> bool:
-    """False for a SQLite store that was never created (reading it must not create it)."""
-    path = sqlite_path(url)
-    return path is None or path.is_file()
+def _follow(conn: sa.Connection, url: str, study_ids: set[int]) -> _Followed:
+    """The store's trials brought up to date: new trial ids and formerly open trials only (both by primary key);
+    everything again when a study was deleted (its trial ids may be handed out again)."""
+    known = _FOLLOWED.get(url)
+    if known is not None and set(known.counts) <= study_ids:
+        open_ids = sorted(known.open)
+        seen = fetch(conn, f"SELECT {_ROW} FROM trials WHERE trial_id IN ({', '.join(map(str, open_ids))})") if open_ids else []
+        if len(seen) == len(open_ids):
+            known.add(fetch(conn, f"SELECT {_ROW} FROM trials WHERE trial_id > {int(known.newest)}") + seen)
+            return known
+    fresh = _Followed()
+    states = ", ".join(literal(conn, s) for s in OPEN_STATES)
+    for study_id, state, n, newest, last in fetch(conn, "SELECT study_id, state, COUNT(*), MAX(trial_id), "
+                                                 "MAX(COALESCE(datetime_complete, datetime_start)) FROM trials GROUP BY study_id, state"):
+        fresh.counts.setdefault(study_id, {})[state_name(state)] = int(n)
+        fresh.newest = max(fresh.newest, newest)
+        fresh.study_newest[study_id] = max(fresh.study_newest.get(study_id, 0), newest)
+        if last is not None and (fresh.last.get(study_id) is None or str(last) > str(fresh.last[study_id])):
+            fresh.last[study_id] = last
+    for trial_id, study_id, state, _ in fetch(conn, f"SELECT {_ROW} FROM trials WHERE state IN ({states})"):
+        fresh.open[trial_id] = (study_id, state_name(state))
+    _FOLLOWED[url] = fresh
+    return fresh
 
 
 def list_studies(url: str) -> list[StudyInfo]:
     """Every study in the Optuna store, with trial counts by state; [] for an empty store."""
+    return [info for info, _ in _studies(url)]
+
+
+def _studies(url: str) -> list[tuple[StudyInfo, tuple[Any, ...]]]:
+    """Each study with its version (see ``_Followed.version``)."""
     if not store_exists(url):
         return []
     with engine(url).connect() as conn:
         if not sa.inspect(conn).has_table("studies"):
             return []
-        studies = conn.execute(sa.text("SELECT study_id, study_name FROM studies ORDER BY study_id")).all()
-        counts = conn.execute(sa.text("SELECT study_id, state, COUNT(*) FROM trials GROUP BY study_id, state")).all()
-        last = conn.execute(sa.text(
-            "SELECT study_id, MAX(COALESCE(datetime_complete, datetime_start)) FROM trials GROUP BY study_id"
-        )).all()
-        attrs = conn.execute(sa.text("SELECT study_id, key, value_json FROM study_user_attributes")).all()
-        directions = conn.execute(sa.text("SELECT study_id, objective, direction FROM study_directions ORDER BY objective")).all()
-    by_study: dict[int, dict[str, int]] = {}
-    for sid, state, n in counts:
-        by_study.setdefault(sid, {})[_state_name(state)] = int(n)
-    last_by = {sid: _timestamp(t) for sid, t in last}
+        studies = fetch(conn, "SELECT study_id, study_name FROM studies ORDER BY study_id")
+        attrs = fetch(conn, "SELECT study_id, key, value_json FROM study_user_attributes")
+        directions = fetch(conn, "SELECT study_id, objective, direction FROM study_directions ORDER BY objective")
+        with _FOLLOW_LOCK:
+            followed = _follow(conn, url, {sid for sid, _ in studies})
+            counts = {sid: {s: n for s, n in c.items() if n} for sid, c in followed.counts.items()}
+            versions = {sid: followed.version(sid) for sid, _ in studies}
+            last_by = {sid: _timestamp(t) for sid, t in followed.last.items()}
     attrs_by: dict[int, dict[str, Any]] = {}
     for sid, key, value in attrs:
         attrs_by.setdefault(sid, {})[key] = json.loads(value)
     dirs_by: dict[int, list[str]] = {}
     for sid, _, direction in directions:
-        dirs_by.setdefault(sid, []).append(_state_name(direction).lower())
-    return [_study_info(sid, name, by_study.get(sid, {}), last_by.get(sid), attrs_by.get(sid, {}), dirs_by.get(sid, []))
+        dirs_by.setdefault(sid, []).append(state_name(direction).lower())
+    return [(_study_info(sid, name, counts.get(sid, {}), last_by.get(sid), attrs_by.get(sid, {}), dirs_by.get(sid, [])), versions[sid])
             for sid, name in studies]
 
 
@@ -198,12 +246,15 @@ def _study_info(sid: int, name: str, counts: dict[str, int], last: pd.Timestamp 
 
 
 def study_version(url: str, study_id: int) -> tuple[Any, ...]:
-    """What changes whenever a trial is added or finishes: (count, newest start, newest completion)."""
-    with engine(url).connect() as conn:
-        row = conn.execute(sa.text(
-            "SELECT COUNT(*), MAX(datetime_start), MAX(datetime_complete) FROM trials WHERE study_id = :sid"
-        ), {"sid": study_id}).one()
-    return tuple(str(v) for v in row)
+    """What changes whenever a trial is added to the study or finishes (two primary-key lookups, see ``_follow``)."""
+    for info, version in _studies(url):
+        if info.study_id == study_id:
+            return version
+    return ()
+
+
+def _timestamp(value: Any) -> pd.Timestamp | None:
+    return None if value is None else pd.Timestamp(value)
 
 
 # ---- the cache -------------------------------------------------------------------------------
@@ -214,22 +265,35 @@ _LOCK = threading.Lock()
 
 
 def load_trials(url: str, name: str, *, methods_cost: dict[str, str] | None = None) -> TrialTable:
-    """The trials of study ``name``, from cache when its version has not changed.
+    """The trials of study ``name``: from cache when its version has not changed, else the cached table with
+    its new and formerly open trials read (the whole study on a first read).
 
     ``methods_cost`` maps method name -> ``real``/``simulated`` (the registry's ``cost_is``),
     used to mark trials whose cost saving is simulated.
     """
-    studies = {s.name: s for s in list_studies(url)}
-    if name not in studies:
+    found = {info.name: (info, version) for info, version in _studies(url)}
+    if name not in found:
         raise KeyError(name)
-    info = studies[name]
-    version = study_version(url, info.study_id)
+    info, version = found[name]
     with _LOCK:
         hit = _CACHE.get((url, name))
-        if hit is not None and hit.version == version:
+        if hit is not None:
             _CACHE.move_to_end((url, name))
-            return hit
-    table = TrialTable(info, read_trials(url, info, methods_cost or {}), version)
+    if hit is not None and hit.version == version and hit.study.study_id == info.study_id:
+        return hit
+    metrics, costs = [m for m, _ in info.objectives], methods_cost or {}
+    with engine(url).connect() as conn:
+        if hit is None or hit.study.study_id != info.study_id or hit.study.objectives != info.objectives:
+            frame, ids = study_trials(conn, info.study_id, metrics, info.pipeline, costs)
+        else:
+            was_open = hit.trial_ids[hit.frame["state"].isin(OPEN_STATES).to_numpy()]  # as the table holds them
+            delta, delta_ids = study_trials(conn, info.study_id, metrics, info.pipeline, costs,
+                                            after=int(hit.trial_ids.max(initial=0)), also=was_open.tolist())
+            keep = ~np.isin(hit.trial_ids, delta_ids)
+            frame, ids = _merged(hit.frame[keep], delta), np.concatenate([hit.trial_ids[keep], delta_ids])
+            order = np.argsort(frame["number"].to_numpy(), kind="stable")
+            frame, ids = frame.iloc[order].reset_index(drop=True), ids[order]
+    table = TrialTable(info, frame, version, ids)
     with _LOCK:
         _CACHE[(url, name)] = table
         while len(_CACHE) > _CACHE_SIZE:
@@ -237,8 +301,20 @@ def load_trials(url: str, name: str, *, methods_cost: dict[str, str] | None = No
     return table
 
 
+def _merged(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Rows of both; a parameter column one side lacks is None there (as a trial without the parameter reads)."""
+    if new.empty:
+        return old.reset_index(drop=True)
+    old = old.assign(**{c: np.full(len(old), None, dtype=object) for c in new.columns.difference(old.columns)})
+    new = new.assign(**{c: np.full(len(new), None, dtype=object) for c in old.columns.difference(new.columns)})
+    rest = [c for c in old.columns if not c.startswith("param:")]
+    at = rest.index(next(iter(TRIAL_ATTRS)))  # parameters sit before the user attrs, by name, as a full read orders them
+    order = [*rest[:at], *sorted(c for c in old.columns if c.startswith("param:")), *rest[at:]]
+    return pd.concat([old[order], new[order]], ignore_index=True)
+
+
 def cached_trials(url: str, name: str) -> TrialTable | None:
-    """The cached table if the study is unchanged since it was read (two small queries, no trial read)."""
+    """The cached table if the study is unchanged since it was read (no trial read)."""
     with _LOCK:
         hit = _CACHE.get((url, name))
     if hit is None or study_version(url, hit.study.study_id) != hit.version:
@@ -247,148 +323,8 @@ def cached_trials(url: str, name: str) -> TrialTable | None:
 
 
 def clear_cache() -> None:
+    """Forget every table and what is known of the stores: the next read starts from nothing."""
     with _LOCK:
         _CACHE.clear()
-
-
-# ---- reading one study's trials --------------------------------------------------------------
-
-
-def read_trials(url: str, info: StudyInfo, methods_cost: dict[str, str]) -> pd.DataFrame:
-    """One query per table (trials, values, params, user attrs) for the whole study, turned into columns with numpy.
-
-    Rows are fetched through the DB-API cursor: SQLAlchemy's Row objects cost more than the
-    query itself at 10k trials. ``study_id`` is an integer from our own query, so it is
-    inlined (parameter styles differ between drivers).
-    """
-    sid = int(info.study_id)
-    with engine(url).connect() as conn:
-        trials = _fetch(conn, f"SELECT trial_id, number, state, datetime_start, datetime_complete FROM trials WHERE study_id = {sid} ORDER BY number")
-        values = _fetch(conn, "SELECT v.trial_id, v.objective, v.value, v.value_type FROM trial_values v "
-                              f"JOIN trials t ON t.trial_id = v.trial_id WHERE t.study_id = {sid}")
-        params = _fetch(conn, "SELECT p.trial_id, p.param_name, p.param_value, p.distribution_json FROM trial_params p "
-                              f"JOIN trials t ON t.trial_id = p.trial_id WHERE t.study_id = {sid}")
-        attrs = _fetch(conn, "SELECT a.trial_id, a.key, a.value_json FROM trial_user_attributes a "
-                             f"JOIN trials t ON t.trial_id = a.trial_id WHERE t.study_id = {sid} "
-                             f"AND a.key IN ({', '.join(repr(k) for k in TRIAL_ATTRS)})")
-    n = len(trials)
-    ids = np.fromiter((r[0] for r in trials), dtype=np.int64, count=n)
-    order = np.argsort(ids)
-
-    def rows_of(trial_ids: list[int]) -> np.ndarray:
-        """Row index in ``trials`` of each trial id."""
-        return order[np.searchsorted(ids, np.asarray(trial_ids, dtype=np.int64), sorter=order)]
-
-    columns: dict[str, Any] = {
-        "number": np.fromiter((r[1] for r in trials), dtype=int, count=n),
-        "state": pd.Series([r[2] for r in trials], dtype=object).map(_state_name),
-        "datetime_start": pd.to_datetime(pd.Series([r[3] for r in trials], dtype=object)),
-        "datetime_complete": pd.to_datetime(pd.Series([r[4] for r in trials], dtype=object)),
-    }
-    metrics = [m for m, _ in info.objectives]
-    if values:
-        v_ids, v_obj, v_val, v_type = zip(*values)
-        v_rows = rows_of(list(v_ids))
-        v_obj_a = np.asarray(v_obj, dtype=int)
-        v_val_a = np.asarray([np.nan if x is None else x for x in v_val], dtype=float)
-        kinds = pd.Series(v_type, dtype=object).map(_state_name).to_numpy()
-        v_val_a[kinds == "INF_POS"] = np.inf
-        v_val_a[kinds == "INF_NEG"] = -np.inf
-    for i, metric in enumerate(metrics):
-        column = np.full(n, np.nan)
-        if values:
-            mine = v_obj_a == i
-            column[v_rows[mine]] = v_val_a[mine]
-        columns[metric] = column
-
-    if params:
-        frame = pd.DataFrame(params, columns=["trial_id", "name", "value", "dist"])
-        frame["row"] = rows_of(frame["trial_id"].tolist())
-        for (name, dist_json), group in frame.groupby(["name", "dist"], sort=False):
-            column_name = f"param:{name}"
-            # object dtype keeps a categorical int an int next to trials that lack the parameter (no NaN upcast)
-            column = columns.setdefault(column_name, np.full(n, None, dtype=object))
-            column[group["row"].to_numpy()] = _external_many(str(dist_json), group["value"].to_numpy(dtype=float))
-
-    found = {key: np.full(n, default, dtype=object) for key, default in TRIAL_ATTRS.items()}
-    if attrs:
-        a_ids, a_keys, a_values = zip(*attrs)
-        for row, key, value in zip(rows_of(list(a_ids)), a_keys, a_values):
-            found[key][row] = json.loads(value)
-    columns.update(found)
-    columns[FEASIBLE] = np.fromiter((v is not False for v in found[FEASIBLE]), dtype=bool, count=n)  # no verdict: feasible
-    table = pd.DataFrame(columns)
-    labels, simulated = trial_methods(table, info.pipeline, methods_cost)
-    table["methods"] = labels
-    table["simulated"] = simulated
-    return table
-
-
-def _fetch(conn: sa.Connection, sql: str) -> list[tuple[Any, ...]]:
-    cursor = conn.connection.cursor()
-    try:
-        cursor.execute(sql)
-        return list(cursor.fetchall())
-    finally:
-        cursor.close()
-
-
-def _external_many(dist_json: str, internal: np.ndarray) -> np.ndarray:
-    """Optuna's stored (internal) parameter values -> the values the trial saw, for one distribution."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    dist = _distribution(dist_json)
-    out = np.empty(len(internal), dtype=object)
-    if isinstance(dist, CategoricalDistribution):
-        choices = np.asarray(dist.choices + (None,), dtype=object)
-        index = internal.astype(int)
-        out[:] = choices[np.where((index >= 0) & (index < len(dist.choices)), index, len(dist.choices))]
-    elif isinstance(dist, IntDistribution):
-        out[:] = [int(round(v)) for v in internal]
-    else:
-        out[:] = internal.tolist()
-    return out
-
-
-def trial_methods(frame: pd.DataFrame, pipeline: dict[str, Any], methods_cost: dict[str, str]) -> tuple[list[str], list[str]]:
-    """Each trial's method combination (``none`` when the model is left as is) and its simulated methods.
-
-    Fixed stages come from the pipeline, chosen ones from the ``stageN.method`` parameters.
-    """
-    n = len(frame)
-    per_trial: list[list[str]] = [[] for _ in range(n)]
-    for index, stage in enumerate(pipeline.get("stages") or []):
-        if not isinstance(stage, dict):
-            continue
-        stage_id = str(stage.get("id", f"stage{index}"))
-        if "choice" in stage:
-            column = frame.get(f"param:{stage_id}.method")
-            chosen = list(column) if column is not None else [None] * n
-            for i, method in enumerate(chosen):
-                if isinstance(method, str):
-                    per_trial[i].append(method)
-        elif "method" in stage:
-            for methods in per_trial:
-                methods.append(str(stage["method"]))
-    labels, simulated = [], []
-    for methods in per_trial:
-        real = [m for m in methods if m != NONE_METHOD]
-        labels.append("+".join(real) if real else NONE_METHOD)
-        simulated.append(",".join(m for m in real if methods_cost.get(m) == "simulated"))
-    return labels, simulated
-
-
-@lru_cache(maxsize=4096)
-def _distribution(dist_json: str) -> Any:
-    from optuna.distributions import json_to_distribution
-
-    return json_to_distribution(dist_json)
-
-
-def _state_name(value: Any) -> str:
-    """Enum columns come back as names ('COMPLETE') or, on some backends, as enum members."""
-    return str(getattr(value, "name", value)).upper()
-
-
-def _timestamp(value: Any) -> pd.Timestamp | None:
-    return None if value is None else pd.Timestamp(value)
+    with _FOLLOW_LOCK:
+        _FOLLOWED.clear()

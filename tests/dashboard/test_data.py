@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import optuna
+import pandas as pd
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import create_trial
@@ -118,3 +119,42 @@ def test_the_frontier_plot_says_when_its_points_are_draws_of_fewer_configuration
     note = replicate_note(points, ["param:sdr.split", "param:sdr.cost_weight"])
     assert note and note[0].startswith("each point is one draw: trials repeat configurations over split (3 values)")
     assert replicate_note(points.assign(**{"param:sdr.split": 0}), ["param:sdr.split", "param:sdr.cost_weight"]) == []
+
+
+def test_a_repaint_reads_only_new_and_formerly_running_trials_and_matches_a_full_read(tmp_path, monkeypatch):
+    """The cache follows the store by trial id: a finished trial and new trials (one with a new parameter) show up,
+    unchanged studies read no trial rows at all, and the result equals reading everything again."""
+
+    from paretolab.dashboard import store_read
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
+    dist = {"x": FloatDistribution(0, 1)}
+    study.add_trials([create_trial(params={"x": 0.1 * i}, distributions=dist, values=[float(i), float(10 - i)]) for i in range(5)])
+    running = study.ask(dist)  # trial 5, still running
+    data.clear_cache()
+    first = data.load_trials(url, "s")
+    assert first.frame["state"].tolist() == ["COMPLETE"] * 5 + ["RUNNING"] and first.study.counts == {"COMPLETE": 5, "RUNNING": 1}
+
+    read: list[str] = []
+    counting = store_read.fetch
+
+    def fetch(conn, sql):
+        rows = counting(conn, sql)
+        if sql.startswith("SELECT trial_id, number"):
+            read.extend(str(r[1]) for r in rows)
+        return rows
+
+    monkeypatch.setattr(store_read, "fetch", fetch)
+    assert data.load_trials(url, "s") is first and read == [], "an unchanged study reads no trial"
+    study.tell(running, [0.5, 0.5])
+    study.add_trial(create_trial(params={"x": 0.2, "bits": 4}, distributions={**dist, "bits": CategoricalDistribution([2, 4])}, values=[9.0, 9.0]))
+    second = data.load_trials(url, "s")
+    assert sorted(read) == ["5", "6"], "only the trial that was running and the new one are read"
+    assert second.study.counts == {"COMPLETE": 7}
+    assert list(second.frontier(["ppl", "size_bytes"], ["minimize", "minimize"])) == [0, 5]
+    data.clear_cache()
+    full = data.load_trials(url, "s")
+    pd.testing.assert_frame_equal(second.frame, full.frame)
+    assert second.frame["param:bits"].tolist() == [None] * 6 + [4]
