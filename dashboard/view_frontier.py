@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from paretolab.dashboard.context import Context
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
@@ -53,8 +54,6 @@ def frontier_page(ctx: Context) -> None:
     z = c3.selectbox("third metric", _keep("fz", [NO_Z, *[m for m in choices if m not in (x, y)]]), key="fz")
     z_as = c4.radio("third as", ["colour", "size"], key="fz_as", horizontal=True, disabled=z == NO_Z)
     t1, t2, t3 = st.columns(3)
-    log_x = t1.toggle("log x", key="flogx")
-    log_y = t2.toggle("log y", key="flogy")
     per_method = t3.toggle("one frontier per method", key="fper")
 
     directions = (ctx.direction(x), ctx.direction(y))
@@ -62,13 +61,32 @@ def frontier_page(ctx: Context) -> None:
     # Plot data and figure are kept with the cached trial table: a repaint of an unchanged study rebuilds neither.
     key = ("frontier", x, y, z_metric, per_method, use_runs)
     data = table.memo(key, lambda: _plot_data(ctx, frame, x, y, directions, z_metric, per_method))
+    auto_x, auto_y = table.memo((*key, "log"), data.log_axes)
+    log_x = log_toggle(t1, "x", ctx.study.name, x, auto_x)
+    log_y = log_toggle(t2, "y", ctx.study.name, y, auto_y)
     fig = table.memo((*key, log_x, log_y, z_as), lambda: frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method))
     event = st.plotly_chart(fig, key="frontier_chart", on_select="rerun", selection_mode="points", width="stretch")
-    _notes(ctx, data, failed, len(done))
+    _notes(ctx, data, failed, len(done), (log_x, log_y))
     provenance_caption(frame, [x, y, *([z_metric] if z_metric else [])])
     _selected(event)
     _downloads(ctx, data, log_x, log_y)
     _frontier_table(data)
+
+
+FLIPS = "flog_flips"  # session state: (study, metric) -> log scale as the user last set it
+
+
+def log_toggle(column: DeltaGenerator, axis: str, study: str, metric: str, automatic: bool) -> bool:
+    """The "log x"/"log y" toggle: on by default when the metric spans more than two decades (``plots.wants_log``);
+    a user's flip is kept for that study and metric, across reruns and axis changes."""
+    key = f"flog{axis}"
+    st.session_state[key] = st.session_state.setdefault(FLIPS, {}).get((study, metric), automatic)
+    return column.toggle(f"log {axis}", key=key, on_change=_remember_flip, args=(key, study, metric),
+                         help=f"default: {'on' if automatic else 'off'}, log scale when a metric's positive values span more than two decades")
+
+
+def _remember_flip(key: str, study: str, metric: str) -> None:
+    st.session_state.setdefault(FLIPS, {})[(study, metric)] = bool(st.session_state[key])
 
 
 def _keep(key: str, options: list[str]) -> list[str]:
@@ -91,7 +109,7 @@ def _plot_data(ctx: Context, frame: pd.DataFrame, x: str, y: str, directions: tu
                            constraints=table.study.constraints)
 
 
-def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None:
+def _notes(ctx: Context, data: FrontierData, failed: int, complete: int, logs: tuple[bool, bool]) -> None:
     parts = [f"{complete} complete trial(s), {len(data.front)} on the frontier ({', '.join(data.directions)})"]
     if data.constraints:
         parts.append(f"feasible frontier under: {'; '.join(data.constraints)}; {len(data.infeasible)} infeasible trial(s) "
@@ -107,6 +125,12 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int) -> None
     parts += _uncertainty_notes(data)
     if data.reference.empty:
         parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
+    else:
+        parts.append(f"dashed lines: the unmodified model (trial {int(data.reference['number'].min())})")
+    for metric, log in zip((data.x, data.y), logs):
+        hidden = int((data.points[metric] <= 0).sum()) if log else 0
+        if hidden:
+            parts.append(f"{hidden} trial(s) with {metric} <= 0 not drawn on the log axis (turn log off to see them)")
     parts += replicate_note(data.points, ctx.table.param_columns)
     st.caption(" · ".join(parts))
 
@@ -152,9 +176,14 @@ def _uncertainty_notes(data: FrontierData) -> list[str]:
 
 def _selected(event: object) -> None:
     points = getattr(getattr(event, "selection", None), "points", None) or []
-    numbers = sorted({int(p["customdata"]) for p in points if isinstance(p, dict) and p.get("customdata") is not None})
+    numbers = sorted({int(_trial_of(p["customdata"])) for p in points if isinstance(p, dict) and p.get("customdata") is not None})
     if numbers:
         st.button(f"Open trial {numbers[0]}", key="open_selected", on_click=open_trial, args=(numbers[0],), type="primary")
+
+
+def _trial_of(customdata: object) -> object:
+    """A point's trial number: its customdata, or the first entry of it (many-point traces carry hover values after it)."""
+    return customdata[0] if isinstance(customdata, (list, tuple)) else customdata
 
 
 def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> None:

@@ -75,48 +75,89 @@ def _mlflow_params(stage0: str, sparsity: float | None, stage1: str, bits: int |
 
 def build_stores(home: Path) -> Stores:
     """Write the fixture studies under ``home`` and return their stores."""
-    from paretolab.records import TrialResult
-    from paretolab.stores.tracking import Tracker
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     stores = resolve_stores(home=str(home))
     for name, rows, failed, running in (("demo", COMPLETE, 2, 1), ("single", COMPLETE[3:4], 0, 0)):
-        pipeline = {**PIPELINE, "name": name}
-        study = optuna.create_study(study_name=name, storage=stores.optuna_url, directions=["minimize", "minimize"])
-        study.set_user_attr("pipeline_hash", "f00d")
-        study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
-        study.set_user_attr("model", "tiny-llama")
-        study.set_user_attr("methods", ["magnitude", "none", "rtn"])
-        study.set_user_attr("pipeline", pipeline)
-        tracker = Tracker(stores, name)
-        parent = tracker.study_run({"paretolab.pipeline_hash": "f00d"}, {"pipeline": pipeline})
-        tags = {"paretolab.pipeline_hash": "f00d", "paretolab.methods": "magnitude,none,rtn", "paretolab.code_version": "test",
-                "paretolab.plugin_versions": "builtin only", "paretolab.study.worker": "test:1"}
-        number = 0
-        for stage0, sparsity, stage1, bits, ppl, size in rows:
-            params, dists = _params(stage0, sparsity, stage1, bits)
-            metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5,
-                       "ppl_ci_low": 0.95 * ppl, "ppl_ci_high": 1.05 * ppl, "n_windows": 8.0}  # a ±5 % interval
-            simulated = [m for m in (stage0, stage1) if m != "none"]
-            metrics.update({"energy_j": 3.5, "prefill_speedup": 1.0 + number / 10})
-            result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated,
-                                 stage_energy_j={"transform:stage0": 0.1, "evaluate": 1.4, "measure": 2.0}, info=PROVENANCE)
-            run_id = tracker.log_trial(parent, number, _mlflow_params(stage0, sparsity, stage1, bits), result, tags)
-            study.add_trial(create_trial(params=params, distributions=dists, values=[ppl, size], user_attrs={"mlflow_run_id": run_id}))
-            number += 1
-        for i in range(failed):
-            params, dists = _params("magnitude", 0.85, "rtn", 2)
-            result = TrialResult(error=f"objective metric 'ppl' is nan (trial {number})", traceback=TRACEBACK if i == 0 else None)
-            run_id = tracker.log_trial(parent, number, _mlflow_params("magnitude", 0.85, "rtn", 2), result, tags)
-            study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.FAIL,
-                                         user_attrs={"mlflow_run_id": run_id, "fail_reason": result.error}))
-            number += 1
-        for _ in range(running):
-            params, dists = _params("none", None, "rtn", 8)
-            study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.RUNNING))
-            number += 1
+        add_study(stores, name, rows, failed, running)
     add_training_study(stores)
     return stores
+
+
+def add_study(stores: Stores, name: str, rows: list[tuple], failed: int = 0, running: int = 0) -> None:
+    """A study of the demo's pipeline: ``rows`` as complete trials (MLflow runs as the driver logs them), then failed and running ones."""
+    from paretolab.records import TrialResult
+    from paretolab.stores.tracking import Tracker
+
+    pipeline = {**PIPELINE, "name": name}
+    study = optuna.create_study(study_name=name, storage=stores.optuna_url, directions=["minimize", "minimize"])
+    study.set_user_attr("pipeline_hash", "f00d")
+    study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
+    study.set_user_attr("model", "tiny-llama")
+    study.set_user_attr("methods", ["magnitude", "none", "rtn"])
+    study.set_user_attr("pipeline", pipeline)
+    tracker = Tracker(stores, name)
+    parent = tracker.study_run({"paretolab.pipeline_hash": "f00d"}, {"pipeline": pipeline})
+    tags = {"paretolab.pipeline_hash": "f00d", "paretolab.methods": "magnitude,none,rtn", "paretolab.code_version": "test",
+            "paretolab.plugin_versions": "builtin only", "paretolab.study.worker": "test:1"}
+    number = 0
+    for stage0, sparsity, stage1, bits, ppl, size in rows:
+        params, dists = _params(stage0, sparsity, stage1, bits)
+        metrics = {"ppl": ppl, "size_bytes": size, "prefill_ms": 10.0 + number, "decode_tok_s": 200.0 - number, "trial_s": 0.5,
+                   "ppl_ci_low": 0.95 * ppl, "ppl_ci_high": 1.05 * ppl, "n_windows": 8.0}  # a ±5 % interval
+        simulated = [m for m in (stage0, stage1) if m != "none"]
+        metrics.update({"energy_j": 3.5, "prefill_speedup": 1.0 + number / 10})
+        result = TrialResult(metrics=metrics, stage_s={"transform:stage0": 0.01, "evaluate": 0.2, "measure": 0.3}, simulated_by=simulated,
+                             stage_energy_j={"transform:stage0": 0.1, "evaluate": 1.4, "measure": 2.0}, info=PROVENANCE)
+        run_id = tracker.log_trial(parent, number, _mlflow_params(stage0, sparsity, stage1, bits), result, tags)
+        study.add_trial(create_trial(params=params, distributions=dists, values=[ppl, size], user_attrs={"mlflow_run_id": run_id}))
+        number += 1
+    for i in range(failed):
+        params, dists = _params("magnitude", 0.85, "rtn", 2)
+        result = TrialResult(error=f"objective metric 'ppl' is nan (trial {number})", traceback=TRACEBACK if i == 0 else None)
+        run_id = tracker.log_trial(parent, number, _mlflow_params("magnitude", 0.85, "rtn", 2), result, tags)
+        study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.FAIL,
+                                     user_attrs={"mlflow_run_id": run_id, "fail_reason": result.error}))
+        number += 1
+    for _ in range(running):
+        params, dists = _params("none", None, "rtn", 8)
+        study.add_trial(create_trial(params=params, distributions=dists, state=TrialState.RUNNING))
+        number += 1
+
+
+# Study ``wide`` (its own store): the demo's trade-off with ppl from 15 (the unmodified model, trial 0) to 2e7, as a
+# 2-bit quantised, 80 % pruned model scores. On a linear axis the trials below ppl 100 share one pixel column.
+WIDE = [
+    ("none", None, "none", None, 15.0, 400_000.0),
+    ("magnitude", 0.2, "none", None, 15.5, 390_000.0),
+    ("none", None, "rtn", 8, 15.2, 110_000.0),
+    ("none", None, "rtn", 4, 17.0, 60_000.0),
+    ("magnitude", 0.4, "rtn", 4, 25.0, 58_500.0),
+    ("magnitude", 0.6, "rtn", 4, 40.0, 59_000.0),
+    ("none", None, "rtn", 2, 3.0e3, 35_000.0),
+    ("magnitude", 0.9, "none", None, 5.0e5, 45_000.0),
+    ("magnitude", 0.8, "rtn", 2, 2.0e7, 30_000.0),
+]
+WIDE_FRONTIER = [0, 2, 3, 4, 6, 8]
+
+
+def build_wide_stores(home: Path) -> Stores:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    stores = resolve_stores(home=str(home))
+    add_study(stores, "wide", WIDE)
+    return stores
+
+
+@pytest.fixture(scope="session")
+def wide_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("wide_store")
+    build_wide_stores(home)
+    return home
+
+
+@pytest.fixture
+def wide_env(wide_home, monkeypatch) -> Path:
+    """The app reads study ``wide``."""
+    return _reading(wide_home, monkeypatch)
 
 
 TRAINING_PIPELINE = {

@@ -35,10 +35,20 @@ def _free_port() -> int:
 @pytest.fixture
 def dashboard(fixture_home, tmp_path):
     """The real CLI serving the fixture stores on a free loopback port; stopped after the test."""
+    yield from _serve(fixture_home, tmp_path)
+
+
+@pytest.fixture
+def wide_dashboard(wide_home, tmp_path):
+    """The same, serving study ``wide`` (ppl from 15 to 2e7)."""
+    yield from _serve(wide_home, tmp_path)
+
+
+def _serve(home: Path, tmp_path: Path):
     port = _free_port()
     log = (tmp_path / "dashboard.log").open("w")
     env = {k: v for k, v in os.environ.items() if k not in ("PARETOLAB_OPTUNA_STORAGE", "PARETOLAB_TRACKING_URI", "MLFLOW_TRACKING_URI")}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "paretolab"), "dashboard", "--home", str(fixture_home), "--port", str(port)],
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "paretolab"), "dashboard", "--home", str(home), "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,3 +131,53 @@ def test_curves_page_draws_a_line_per_group_with_its_band(dashboard, tmp_path):
             page.screenshot(path=str(tmp_path / "dashboard-curves.png"), full_page=False)
         finally:
             browser.close()
+
+
+# Screen positions from the page: each trace's SVG points (plotly draws SVG below WEBGL_ABOVE points), the axis types,
+# and the reference lines as plotly drew them.
+READ_PLOT = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  const traces = [...gd.querySelectorAll('.scatterlayer .trace')];
+  const xs = name => {
+    const i = gd._fullData.findIndex(t => t.name === name);
+    return [...traces[i].querySelectorAll('path.point')].map(p => {
+      const m = /translate\\(([-\\d.e]+)[ ,]+([-\\d.e]+)\\)/.exec(p.getAttribute('transform'));
+      return m ? parseFloat(m[1]) : null;
+    });
+  };
+  const shapes = [...gd.querySelectorAll('.shapelayer path')];
+  return {
+    xtype: gd._fullLayout.xaxis.type, ytype: gd._fullLayout.yaxis.type,
+    frontier: xs('Pareto frontier'), star: xs('unmodified model'),
+    shapes: (gd._fullLayout.shapes || []).map(s => s.name), drawn: shapes.length,
+    vline: gd._fullLayout.xaxis.l2p(gd._fullLayout.xaxis.d2l(gd._fullLayout.shapes[0].x0)),
+    labels: [...gd.querySelectorAll('.annotation-text')].map(a => a.textContent),
+  };
+}"""
+
+
+@pytest.mark.slow
+def test_wide_ppl_gets_a_log_axis_with_distinct_points_and_the_unmodified_model_marked(wide_dashboard, tmp_path):
+    """ppl from 15 to 2e7: on a linear axis the frontier's first five points share about one pixel column."""
+    assert Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set PARETOLAB_CHROMIUM)"
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{wide_dashboard}/?page=Frontier&study=wide", wait_until="domcontentloaded")
+            expect(page.get_by_text("Frontier · wide")).to_be_visible(timeout=60_000)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length >= 9", timeout=60_000)
+            time.sleep(1.0)  # the chart's transition
+            plot = page.evaluate(READ_PLOT)
+            page.screenshot(path=str(tmp_path / "dashboard-wide.png"), full_page=False)
+        finally:
+            browser.close()
+    assert (plot["xtype"], plot["ytype"]) == ("log", "linear")
+    frontier = [round(x) for x in plot["frontier"] if x is not None]
+    # linear: ppl 15 to 3,000 within a pixel of each other, 2 distinct columns in all; log: 15 and 15.2 may share one
+    assert len(frontier) == 6 and len(set(frontier)) >= 5, f"frontier points at pixel x {frontier}"
+    assert plot["shapes"] == ["unmodified model: ppl", "unmodified model: size_bytes"] and plot["drawn"] >= 2
+    assert abs(plot["vline"] - plot["star"][0]) < 1.5, "the dashed line runs through the unmodified model's point"
+    assert sum(label.startswith("unmodified model") for label in plot["labels"]) == 2, plot["labels"]
