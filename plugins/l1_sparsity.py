@@ -14,7 +14,8 @@ the paper does not make) and the same L1 term, added through the train stage's l
 the loss: ``CE + λ · L1``); no λ schedule (the paper warms λ up; we use it from the first step).
 The sparse path is ours and for decoding on a CPU, not the paper's GPU kernels: for a single
 token, ``gate`` is computed densely, the nonzero units are found, and only those rows of
-``up_proj`` and those columns of ``down_proj`` are multiplied (``index_select``) — FFN work
+``up_proj`` and those columns of ``down_proj`` are multiplied (a C kernel on the CPU in fp32,
+``paretolab.kernels.sparse_ffn_cpu``; ``index_select`` elsewhere or where it is not built) — FFN work
 H·I + 2·H·k instead of 3·H·I for k active of I units. Whether that beats the dense path here is
 measured (the ``ffn_sparsity`` measure and benchmarks/sparse_ffn.py), never assumed. Prefill and
 training run the dense path (several tokens activate a union of units).
@@ -33,6 +34,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.kernels.sparse_ffn_cpu import fits, sparse_ffn_cpu, sparse_ffn_kernel
 from paretolab.measure.measures import Measure
 from paretolab.plugin_api.options import option, parse_options
 from paretolab.plugin_api.subject import Subject
@@ -59,7 +61,10 @@ def gate(x: torch.Tensor, act: str) -> torch.Tensor:
 
 def sparse_token_ffn(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_t: torch.Tensor, act: str) -> torch.Tensor:
     """FFN output for one token x (..., H): dense gate, then only the active units' rows of up (I, H) and of down_t (I, H),
-    down_proj's weight transposed (contiguous rows per unit: a strided column gather of (H, I) was 1.3-1.8× slower here at 90 % zeros)."""
+    down_proj's weight transposed (contiguous rows per unit: a strided column gather of (H, I) was 1.3-1.8× slower here at 90 % zeros).
+    The C kernel (``paretolab.kernels.sparse_ffn_cpu``) where it is built and the tensors are fp32 on the CPU; else ``index_select``."""
+    if sparse_ffn_kernel() is not None and fits(x, gate_w, up_w, down_t):
+        return sparse_ffn_cpu(x, gate_w, up_w, down_t, act)
     flat = x.reshape(-1)
     a = gate(torch.mv(gate_w, flat), act)
     active = torch.nonzero(a).squeeze(1)

@@ -1,0 +1,185 @@
+/* The one-token FFN of a ReLU-gated GLU on the CPU, reading only the weights of active units.
+ *
+ *   out = down(h),  h_i = act(gate_i . x) * (up_i . x),  act = relu or relu^2
+ *
+ * gate (I, H), up (I, H) and down_t (I, H) = down_proj's weight transposed, all fp32 row-major;
+ * x (H,) and out (H,) fp32. Phase 1 computes every gate row (the only weights read in full:
+ * which units are active is not known before), and for an active unit (act != 0) its up row;
+ * phase 2 adds h_i * down_t[i] for the units with h_i != 0, so down_proj is read only for them.
+ * Bytes read: I*H*4 for gate plus 2*k*H*4 for k active units, against 3*I*H*4 dense.
+ *
+ * Threads (OpenMP, torch's own libgomp.so.1): phase 1 splits the units, phase 2 the columns of
+ * out; a unit's dot products and a column's sum over units (in unit order) are done by one
+ * thread, so the result is bit-identical for any thread count. The Python wrapper
+ * (kernels/sparse_ffn_cpu.py) checks dtypes, shapes and contiguity and passes raw addresses.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+typedef struct {
+    const float *x, *gate, *up, *down_t;
+    float *out, *h;
+    int64_t hidden, units;
+    int relu2;
+} Ffn;
+
+static inline float activate(float g, int relu2) {
+    float a = g > 0.0f ? g : (g == g ? 0.0f : g); /* relu; nan stays nan, as in torch */
+    return relu2 ? a * a : a;
+}
+
+/* ---------- portable path ---------- */
+
+static float dot_scalar(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+static void axpy_scalar(float *out, const float *w, float h, int64_t n) {
+    for (int64_t j = 0; j < n; j++) out[j] += h * w[j];
+}
+
+/* ---------- AVX-512 path ---------- */
+#ifdef HAVE_X86
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j + 16), _mm512_loadu_ps(b + j + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j + 32), _mm512_loadu_ps(b + j + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j + 48), _mm512_loadu_ps(b + j + 48), s3);
+    }
+    for (; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + j), _mm512_maskz_loadu_ps(m, b + j), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+AVX512 static void axpy_avx512(float *out, const float *w, float h, int64_t n) {
+    __m512 hv = _mm512_set1_ps(h);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(out + j, m, _mm512_fmadd_ps(hv, _mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, out + j)));
+    }
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+#else
+static int cpu_has_avx512(void) { return 0; }
+#endif
+
+static float dot(const float *a, const float *b, int64_t n, int vector) {
+#ifdef HAVE_X86
+    if (vector) return dot_avx512(a, b, n);
+#endif
+    return dot_scalar(a, b, n);
+}
+
+static void axpy(float *out, const float *w, float h, int64_t n, int vector) {
+#ifdef HAVE_X86
+    if (vector) { axpy_avx512(out, w, h, n); return; }
+#endif
+    axpy_scalar(out, w, h, n);
+}
+
+/* Phase 1 for units [u0, u1): h_i, and the count of active units. */
+static int64_t hidden_units(const Ffn *p, int64_t u0, int64_t u1, int vector) {
+    int64_t active = 0;
+    for (int64_t i = u0; i < u1; i++) {
+        float a = activate(dot(p->gate + i * p->hidden, p->x, p->hidden, vector), p->relu2);
+        if (a != 0.0f) {
+            active++;
+            p->h[i] = a * dot(p->up + i * p->hidden, p->x, p->hidden, vector);
+        } else {
+            p->h[i] = 0.0f;
+        }
+    }
+    return active;
+}
+
+/* Phase 2 for columns [c0, c1) of out: the sum over units with h != 0, in unit order. */
+static void down_columns(const Ffn *p, int64_t c0, int64_t c1, int vector) {
+    memset(p->out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+    for (int64_t i = 0; i < p->units; i++)
+        if (p->h[i] != 0.0f) axpy(p->out + c0, p->down_t + i * p->hidden + c0, p->h[i], c1 - c0, vector);
+}
+
+static int64_t ffn(const Ffn *p, int threads, int vector) {
+    int64_t active = 0;
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads) reduction(+ : active)
+        {
+            int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+            active += hidden_units(p, p->units * t / n, p->units * (t + 1) / n, vector);
+#pragma omp barrier
+            int64_t blocks = (p->hidden + 15) / 16; /* columns in 64-byte blocks: no two threads share a cache line */
+            int64_t c0 = blocks * t / n * 16, c1 = blocks * (t + 1) / n * 16;
+            if (c1 > p->hidden) c1 = p->hidden;
+            if (c0 < c1) down_columns(p, c0, c1, vector);
+        }
+        return active;
+    }
+#endif
+    (void)threads;
+    active = hidden_units(p, 0, p->units, vector);
+    down_columns(p, 0, p->hidden, vector);
+    return active;
+}
+
+static PyObject *py_ffn(PyObject *self, PyObject *args) {
+    unsigned long long x, gate, up, down_t, out;
+    long long hidden, units;
+    int relu2, threads, scalar;
+    if (!PyArg_ParseTuple(args, "KKKKKLLpip", &x, &gate, &up, &down_t, &out, &hidden, &units, &relu2, &threads, &scalar))
+        return NULL;
+    if (hidden < 0 || units < 0) {
+        PyErr_Format(PyExc_ValueError, "sparse ffn: bad sizes hidden=%lld units=%lld", hidden, units);
+        return NULL;
+    }
+    float *h = PyMem_RawMalloc((size_t)(units > 0 ? units : 1) * sizeof(float));
+    if (!h) return PyErr_NoMemory();
+    Ffn p = {(const float *)(uintptr_t)x, (const float *)(uintptr_t)gate, (const float *)(uintptr_t)up,
+             (const float *)(uintptr_t)down_t, (float *)(uintptr_t)out, h, hidden, units, relu2};
+    int64_t active;
+    int vector = !scalar && cpu_has_avx512();
+    Py_BEGIN_ALLOW_THREADS
+    active = ffn(&p, threads, vector);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(h);
+    return PyLong_FromLongLong(active);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) {
+    return PyUnicode_FromString(cpu_has_avx512() ? "avx512" : "scalar");
+}
+
+static PyMethodDef methods[] = {
+    {"ffn", py_ffn, METH_VARARGS,
+     "ffn(x, gate, up, down_t, out, hidden, units, relu2, threads, scalar) -> active units "
+     "(addresses of contiguous fp32 CPU buffers; out (hidden,) is written)"},
+    {"isa", py_isa, METH_NOARGS, "the instruction path ffn takes on this CPU: 'avx512' or 'scalar'"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sparse_ffn_cpu", "ReLU-gated one-token FFN on the CPU (see kernels/sparse_ffn_cpu.py)",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__sparse_ffn_cpu(void) { return PyModule_Create(&module); }
