@@ -83,8 +83,8 @@ class MackoLinear(torch.nn.Module):
         if x.is_cuda and x.numel() == self.in_features and _triton_kernel() is not None:
             y = _triton_kernel()(self.fmt, x.reshape(self.in_features)).reshape(*x.shape[:-1], self.out_features)
             return y if bias is None else y + bias
-        if x.device.type == "cpu" and x.shape[:-1].numel() <= CPU_KERNEL_MAX_TOKENS:
-            y = macko_spmv_cpu(self.fmt, x)  # the C kernel where built (else decode + matmul, the same numbers)
+        if x.device.type == "cpu" and x.shape[:-1].numel() <= CPU_KERNEL_MAX_TOKENS and not (x.requires_grad and torch.is_grad_enabled()):
+            y = macko_spmv_cpu(self.fmt, x)  # the C kernel where built (else decode + matmul, the same numbers); no autograd
             return y if bias is None else y + bias
         weight = macko_decode(self.fmt).to(x.dtype)  # (out, in), freed after this call
         return F.linear(x, weight, bias)

@@ -60,3 +60,12 @@ def test_a_long_prefill_decodes_the_matrix_instead(tiny: Subject, ctx: TrialCont
         assert kernel_calls == []
         subject.model(input_ids=torch.randint(3, 250, (1, CPU_KERNEL_MAX_TOKENS)))
     assert len(kernel_calls) == 14
+
+
+def test_gradients_still_flow_through_a_macko_layer(tiny: Subject, ctx: TrialContext, kernel_calls: list[int]) -> None:
+    """Training through a MACKO model (e.g. a train stage after it) takes the differentiable decode path, not the kernel."""
+    layer = next(m for m in packed(tiny, ctx).model.modules() if type(m).__name__ == "MackoLinear")
+    x = torch.randn(1, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    assert kernel_calls == []
