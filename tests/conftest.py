@@ -18,6 +18,12 @@ import pytest
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and not Path("/dev/nvidia0").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under `pytest -n N` (make test) each test process gets one OpenMP/torch thread: N processes of two
+# spinning OpenMP threads each on a two-core machine starve one another (a 80 s test took 1,200 s).
+# Set before torch is imported; subprocesses the tests start (Ray nodes, `paretolab run`) inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
