@@ -34,9 +34,10 @@ demo: $(STAMP)  ## pull SmolLM2-135M once, run pipelines/demo.yaml, print the Pa
 	$(BIN)/paretolab models pull smollm2-135m
 	$(BIN)/paretolab run pipelines/demo.yaml --resume
 
-# Two test processes (pytest-xdist), a test file's tests in one of them (its module fixtures built once):
-# many tests wait on Ray, subprocesses or a browser, so two keep both cores busy. JOBS=1 runs them in one.
-JOBS   ?= 2
+# JOBS=2 runs the tests in two processes (pytest-xdist, a test file's tests in one of them). Not the
+# default: on two cores the Ray- and SmolLM2-heavy files then starve each other and a fresh clone's
+# run took longer (48+ min against ~40 serial, 2026-12-03), with a worker lost once.
+JOBS   ?= 1
 PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
 test: $(DEV)  ## the whole test suite (slow tests included)
