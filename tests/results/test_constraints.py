@@ -92,5 +92,5 @@ def test_pruned_trials_are_counted_and_never_complete(stores, constrained_home, 
     assert "4 complete trial(s), 0 failed, 1 pruned" in section.study_section("pruned", stores, [])
     listing = run_cli("studies", "--home", str(constrained_home), cwd=tmp_path).stdout.splitlines()
     header = listing[0].split()
-    assert header[:5] == ["study", "complete", "failed", "pruned", "running"]
-    assert next(line for line in listing if line.startswith("pruned")).split()[:5] == ["pruned", "4", "0", "1", "0"]
+    assert header[:6] == ["study", "status", "complete", "failed", "pruned", "running"]
+    assert next(line for line in listing if line.startswith("pruned")).split()[:6] == ["pruned", "finished", "4", "0", "1", "0"]
