@@ -91,16 +91,13 @@ def study_trials(conn: sa.Connection, study_id: int, metrics: Sequence[str], pip
     if after is not None:
         picked = f"trial_id > {int(after)}" + (f" OR trial_id IN ({', '.join(str(int(i)) for i in also)})" if len(also) else "")
         where = f"{where} AND ({picked})"
+    ids, number, state, start, complete = read_columns(
+        conn, "trials", where, [("trial_id", INT), ("number", INT), ("state", TEXT), ("datetime_start", STAMP), ("datetime_complete", STAMP)])
     of_study = f"trial_id IN (SELECT trial_id FROM trials WHERE {where})"
-    trials = fetch(conn, f"SELECT trial_id, number, state, datetime_start, datetime_complete FROM trials WHERE {where}")
-    values = fetch(conn, f"SELECT trial_id, objective, value, value_type FROM trial_values WHERE {of_study}")
-    params = fetch(conn, f"SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {of_study}")
-    keys = ", ".join(literal(conn, k) for k in TRIAL_ATTRS)
-    attrs = fetch(conn, f"SELECT trial_id, key, value_json FROM trial_user_attributes WHERE {of_study} AND key IN ({keys})")
-
-    ids, number, state, start, complete = _columns(trials, 5)
-    order = np.argsort(number.astype(np.int64), kind="stable")
-    ids = ids.astype(np.int64)[order]
+    if len(ids) and int(ids.max()) - int(ids.min()) + 1 == len(ids):  # one run of ids (one driver at a time): a range, no subquery
+        of_study = f"trial_id BETWEEN {int(ids.min())} AND {int(ids.max())}"
+    order = np.argsort(number, kind="stable")
+    ids = ids[order]
     id_order = np.argsort(ids)
 
     def rows_of(trial_ids: np.ndarray) -> np.ndarray:
@@ -109,17 +106,73 @@ def study_trials(conn: sa.Connection, study_id: int, metrics: Sequence[str], pip
 
     n = len(ids)
     columns: dict[str, Any] = {
-        "number": number.astype(np.int64)[order],
+        "number": number[order],
         "state": state_names(state[order]),
         "datetime_start": _datetimes(start[order]),
         "datetime_complete": _datetimes(complete[order]),
     }
+    kind = "CASE value_type WHEN 'INF_POS' THEN 1 WHEN 'INF_NEG' THEN 2 ELSE 0 END"
+    values = read_columns(conn, "trial_values", of_study, [("trial_id", INT), ("objective", INT), ("value", FLOAT), (kind, INT)])
     columns.update(_objective_columns(values, metrics, n, rows_of))
-    columns.update(sorted(_param_columns(params, n, rows_of).items()))  # by name, as a merged table orders them
+    columns.update(sorted(_param_columns(conn, of_study, n, rows_of).items()))  # by name, as a merged table orders them
+    keys = ", ".join(literal(conn, k) for k in TRIAL_ATTRS)
+    attrs = fetch(conn, f"SELECT trial_id, key, value_json FROM trial_user_attributes WHERE {of_study} AND key IN ({keys})")
     columns.update(_attr_columns(attrs, n, rows_of))
     frame = pd.DataFrame(columns)
     frame["methods"], frame["simulated"] = trial_methods(frame, pipeline, methods_cost)
     return frame, ids
+
+
+INT, FLOAT, TEXT, STAMP = "int", "float", "text", "stamp"  # STAMP: a text in which '' is read as missing
+AGGREGATED = ("sqlite",)  # dialects whose columns are read as one aggregated string each (see read_columns)
+_SEP = "\x1f"  # between the texts of one aggregated column (ASCII unit separator: in no state, name or timestamp)
+
+
+def read_columns(conn: sa.Connection, table: str, where: str, columns: Sequence[tuple[str, str]]) -> list[np.ndarray]:
+    """``SELECT <columns> FROM <table> WHERE <where>`` as one numpy array per column (INT: int64, FLOAT: float64 with
+    NaN for NULL, TEXT: object, None for NULL).
+
+    On SQLite each column comes back as one aggregated string that numpy parses in C (``group_concat``: every
+    aggregate of one query walks the rows in the same order), so no Python object is made per row and value;
+    floats are written with 17 significant digits, which read back exactly. Other databases fetch rows.
+    """
+    if conn.dialect.name not in AGGREGATED:
+        rows = fetch(conn, f"SELECT {', '.join(expr for expr, _ in columns)} FROM {table} WHERE {where}")
+        return [_typed(column, kind) for column, (_, kind) in zip(_columns(rows, len(columns)), columns)]
+    texts = ", ".join(_aggregate(expr, kind) for expr, kind in columns)
+    count, *joined = fetch(conn, f"SELECT COUNT(*), {texts} FROM {table} WHERE {where}")[0]
+    out = [_parsed(text or "", kind) if count else _typed(np.array([], dtype=object), kind) for text, (_, kind) in zip(joined, columns)]
+    if any(len(column) != count for column in out):  # a separator inside a text would shift every later row
+        raise ValueError(f"{table}: a column did not split into its {count} rows ({[len(c) for c in out]})")
+    return out
+
+
+def _aggregate(expr: str, kind: str) -> str:
+    if kind == INT:
+        return f"group_concat(COALESCE(({expr}), 0), ',')"
+    if kind == FLOAT:
+        return f"group_concat(CASE WHEN ({expr}) IS NULL THEN 'nan' ELSE printf('%!.17g', ({expr})) END, ',')"
+    if kind == STAMP:
+        return f"group_concat(COALESCE(({expr}), ''), char(31))"
+    return f"group_concat(COALESCE(({expr}) || 'x', ''), char(31))"  # 'x' marks a value: '' alone is NULL
+
+
+def _parsed(text: str, kind: str) -> np.ndarray:
+    if kind == INT:
+        return np.fromstring(text, sep=",", dtype=np.int64)
+    if kind == FLOAT:
+        return np.fromstring(text, sep=",", dtype=np.float64)
+    column = np.empty(text.count(_SEP) + 1, dtype=object)
+    column[:] = text.split(_SEP) if kind == STAMP else [part[:-1] if part else None for part in text.split(_SEP)]
+    return column
+
+
+def _typed(column: np.ndarray, kind: str) -> np.ndarray:
+    if kind == INT:
+        return column.astype(np.int64)
+    if kind == FLOAT:
+        return column.astype(np.float64)  # None -> NaN
+    return column
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int) -> list[np.ndarray]:
@@ -146,33 +199,35 @@ def _datetimes(values: np.ndarray) -> pd.Series:
     return pd.Series(pd.to_datetime(values, format="ISO8601") if len(values) else pd.to_datetime(values))
 
 
-def _objective_columns(values: list[tuple[Any, ...]], metrics: Sequence[str], n: int, rows_of: Any) -> dict[str, np.ndarray]:
+def _objective_columns(values: list[np.ndarray], metrics: Sequence[str], n: int, rows_of: Any) -> dict[str, np.ndarray]:
+    """One column per objective; ``values`` are trial_id, objective, value (NaN for NULL) and its kind (1: +inf,
+    2: -inf, as Optuna stores an infinite value: NULL with its kind)."""
+    ids, objective, number, kind = values
     out = {metric: np.full(n, np.nan) for metric in metrics}
-    if not values:
-        return out
-    ids, objective, value, kind = _columns(values, 4)
-    rows, objective = rows_of(ids), objective.astype(np.int64)
-    number = value.astype(float)  # None (an infinite value is stored as NULL with its kind) -> NaN
-    kinds = state_names(kind)
-    number[kinds == "INF_POS"] = np.inf
-    number[kinds == "INF_NEG"] = -np.inf
+    number = number.copy()
+    number[kind == 1] = np.inf
+    number[kind == 2] = -np.inf
+    rows = rows_of(ids)
     for i, metric in enumerate(metrics):
         mine = objective == i
         out[metric][rows[mine]] = number[mine]
     return out
 
 
-def _param_columns(params: list[tuple[Any, ...]], n: int, rows_of: Any) -> dict[str, np.ndarray]:
+def _param_columns(conn: sa.Connection, of_study: str, n: int, rows_of: Any) -> dict[str, np.ndarray]:
     """``param:<name>`` per parameter, as the trial saw it; object dtype keeps a categorical int an int next to
-    trials that lack the parameter (None there, no NaN upcast). One conversion per (name, distribution)."""
+    trials that lack the parameter (None there, no NaN upcast). The (name, distribution) pairs are read first,
+    then each row carries the number of its pair, not its texts: one conversion per pair."""
+    pairs = fetch(conn, f"SELECT DISTINCT param_name, distribution_json FROM trial_params WHERE {of_study}")
+    if not pairs:
+        return {}
+    code = " ".join(f"WHEN param_name = {literal(conn, name)} AND distribution_json = {literal(conn, dist)} THEN {i}"
+                    for i, (name, dist) in enumerate(pairs))
+    ids, internal, groups = read_columns(conn, "trial_params", of_study, [("trial_id", INT), ("param_value", FLOAT), (f"CASE {code} END", INT)])
+    rows = rows_of(ids)
     out: dict[str, np.ndarray] = {}
-    if not params:
-        return out
-    ids, names, internal, dists = _columns(params, 4)
-    rows, internal = rows_of(ids), internal.astype(float)
-    groups, pairs = combinations([names, dists])
-    for code, (name, dist_json) in enumerate(pairs):
-        mine = groups == code
+    for i, (name, dist_json) in enumerate(pairs):
+        mine = groups == i
         column = out.setdefault(f"param:{name}", np.full(n, None, dtype=object))
         column[rows[mine]] = _external_many(str(dist_json), internal[mine])
     return out

@@ -138,15 +138,15 @@ def test_a_repaint_reads_only_new_and_formerly_running_trials_and_matches_a_full
     assert first.frame["state"].tolist() == ["COMPLETE"] * 5 + ["RUNNING"] and first.study.counts == {"COMPLETE": 5, "RUNNING": 1}
 
     read: list[str] = []
-    counting = store_read.fetch
+    counting = store_read.read_columns
 
-    def fetch(conn, sql):
-        rows = counting(conn, sql)
-        if sql.startswith("SELECT trial_id, number"):
-            read.extend(str(r[1]) for r in rows)
-        return rows
+    def read_columns(conn, table, where, columns):
+        out = counting(conn, table, where, columns)
+        if table == "trials":
+            read.extend(str(number) for number in out[1])
+        return out
 
-    monkeypatch.setattr(store_read, "fetch", fetch)
+    monkeypatch.setattr(store_read, "read_columns", read_columns)
     assert data.load_trials(url, "s") is first and read == [], "an unchanged study reads no trial"
     study.tell(running, [0.5, 0.5])
     study.add_trial(create_trial(params={"x": 0.2, "bits": 4}, distributions={**dist, "bits": CategoricalDistribution([2, 4])}, values=[9.0, 9.0]))
@@ -158,3 +158,36 @@ def test_a_repaint_reads_only_new_and_formerly_running_trials_and_matches_a_full
     full = data.load_trials(url, "s")
     pd.testing.assert_frame_equal(second.frame, full.frame)
     assert second.frame["param:bits"].tolist() == [None] * 6 + [4]
+
+
+def test_columns_read_as_one_string_each_equal_the_rows_read_one_by_one(tmp_path, monkeypatch):
+    """SQLite's aggregated read (numbers parsed in C) and the row-by-row read other databases get build the same
+    table, bit for bit: floats that need 17 digits, infinite values, a missing value, params of each kind, a trial
+    without a parameter, texts with commas, a running trial without an end time, a failed one without values."""
+    from optuna.distributions import IntDistribution
+
+    from paretolab.dashboard import store_read
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, directions=["minimize", "minimize"])
+    study.set_user_attr("objectives", [["ppl", "minimize"], ["size_bytes", "minimize"]])
+    dist = {"x": FloatDistribution(0, 1), "k": IntDistribution(1, 9), "c": CategoricalDistribution(["a,b", None, 3])}
+    study.add_trials([create_trial(params={"x": 1 / 3, "k": 7, "c": "a,b"}, distributions=dist, values=[0.1 + 0.2, float("inf")]),
+                      create_trial(params={"x": 2 / 3, "k": 2, "c": None}, distributions=dist, values=[-float("inf"), 1e-300]),
+                      create_trial(params={"x": 0.5}, distributions={"x": dist["x"]}, values=[5.0, 5.0], user_attrs={"fail_reason": "a, b"}),
+                      create_trial(state=optuna.trial.TrialState.FAIL, params={"c": 3}, distributions={"c": dist["c"]})])
+    other = optuna.create_study(study_name="other", storage=url, directions=["minimize", "minimize"])
+    other.add_trial(create_trial(params={"x": 0.25, "c": "a,b"}, distributions={"x": dist["x"], "c": dist["c"]}, values=[1.0, 1.0]))  # between two of s's trial ids
+    study.ask(dist)
+    data.clear_cache()
+    aggregated = data.load_trials(url, "s").frame
+    monkeypatch.setattr(store_read, "AGGREGATED", ())
+    data.clear_cache()
+    rows = data.load_trials(url, "s").frame
+    pd.testing.assert_frame_equal(aggregated, rows)
+    assert aggregated["ppl"].tolist()[:3] == [0.1 + 0.2, -float("inf"), 5.0] and aggregated["size_bytes"][0] == float("inf")
+    assert aggregated["param:x"].tolist()[:3] == [1 / 3, 2 / 3, 0.5] and aggregated["param:c"].tolist()[:4] == ["a,b", None, None, 3]
+    assert aggregated["param:k"].tolist()[:3] == [7, 2, None] and aggregated["fail_reason"][2] == "a, b"
+    assert aggregated["state"].tolist() == ["COMPLETE"] * 3 + ["FAIL", "RUNNING"] and pd.isna(aggregated["datetime_complete"][4])
+    assert pd.isna(aggregated["ppl"][4]) and aggregated["param:x"][4] != 0.25, "another study's trial between s's ids is not read"
+    assert data.load_trials(url, "other").frame["param:x"].tolist() == [0.25], "a study's ids that run unbroken are read as a range"
