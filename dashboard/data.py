@@ -70,7 +70,7 @@ class StudyInfo:
 class TrialTable:
     """Every trial of one study: one row per trial, objectives and params as columns.
 
-    Columns: ``number``, ``state``, ``datetime_start``, ``datetime_complete``, one column per
+    Columns: ``number``, ``state``, ``datetime_complete``, one column per
     objective metric, ``param:<name>`` per Optuna parameter, ``methods`` (the label of the
     trial's method combination, e.g. ``magnitude+rtn``), ``simulated`` (methods whose cost
     saving is simulated, comma-separated), ``mlflow_run_id``, ``fail_reason``, ``feasible`` (False only

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -91,32 +92,35 @@ def study_trials(conn: sa.Connection, study_id: int, metrics: Sequence[str], pip
     if after is not None:
         picked = f"trial_id > {int(after)}" + (f" OR trial_id IN ({', '.join(str(int(i)) for i in also)})" if len(also) else "")
         where = f"{where} AND ({picked})"
-    ids, number, state, start, complete = read_columns(
-        conn, "trials", where, [("trial_id", INT), ("number", INT), ("state", TEXT), ("datetime_start", STAMP), ("datetime_complete", STAMP)])
+    low, high, count = fetch(conn, f"SELECT MIN(trial_id), MAX(trial_id), COUNT(*) FROM trials WHERE {where}")[0]
     of_study = f"trial_id IN (SELECT trial_id FROM trials WHERE {where})"
-    if len(ids) and int(ids.max()) - int(ids.min()) + 1 == len(ids):  # one run of ids (one driver at a time): a range, no subquery
-        of_study = f"trial_id BETWEEN {int(ids.min())} AND {int(ids.max())}"
-    order = np.argsort(number, kind="stable")
-    ids = ids[order]
-    id_order = np.argsort(ids)
-
-    def rows_of(trial_ids: np.ndarray) -> np.ndarray:
-        """Row (after sorting by number) of each trial id."""
-        return id_order[np.searchsorted(ids, trial_ids.astype(np.int64), sorter=id_order)]
-
-    n = len(ids)
-    columns: dict[str, Any] = {
-        "number": number[order],
-        "state": state_names(state[order]),
-        "datetime_start": _datetimes(start[order]),
-        "datetime_complete": _datetimes(complete[order]),
-    }
-    kind = "CASE value_type WHEN 'INF_POS' THEN 1 WHEN 'INF_NEG' THEN 2 ELSE 0 END"
-    values = read_columns(conn, "trial_values", of_study, [("trial_id", INT), ("objective", INT), ("value", FLOAT), (kind, INT)])
-    columns.update(_objective_columns(values, metrics, n, rows_of))
-    columns.update(sorted(_param_columns(conn, of_study, n, rows_of).items()))  # by name, as a merged table orders them
+    if count and int(high) - int(low) + 1 == int(count):  # one run of ids (one driver at a time): a range, no subquery
+        of_study = f"trial_id BETWEEN {int(low)} AND {int(high)}"
+    kind = "CASE WHEN value IS NOT NULL THEN 0 WHEN value_type = 'INF_POS' THEN 1 WHEN value_type = 'INF_NEG' THEN 2 ELSE 0 END"
     keys = ", ".join(literal(conn, k) for k in TRIAL_ATTRS)
-    attrs = fetch(conn, f"SELECT trial_id, key, value_json FROM trial_user_attributes WHERE {of_study} AND key IN ({keys})")
+    with ThreadPoolExecutor(2) as others:  # values and params on connections of their own while the trials are read here
+        values = others.submit(_on_a_connection_of_its_own, conn, read_columns, "trial_values", of_study,
+                               [("trial_id", INT), ("objective", INT), ("value", FLOAT), (kind, INT)])
+        params = others.submit(_on_a_connection_of_its_own, conn, _param_rows, of_study)
+        ids, number, state, complete = read_columns(  # no start time: no page shows it
+            conn, "trials", where, [("trial_id", INT), ("number", INT), ("state", TEXT), ("datetime_complete", STAMP)])
+        attrs = fetch(conn, f"SELECT trial_id, key, value_json FROM trial_user_attributes WHERE {of_study} AND key IN ({keys})")
+        order = np.argsort(number, kind="stable")
+        ids = ids[order]
+        id_order = np.argsort(ids)
+
+        def rows_of(trial_ids: np.ndarray) -> np.ndarray:
+            """Row (after sorting by number) of each trial id."""
+            return id_order[np.searchsorted(ids, trial_ids.astype(np.int64), sorter=id_order)]
+
+        n = len(ids)
+        columns: dict[str, Any] = {
+            "number": number[order],
+            "state": state_names(state[order]),
+            "datetime_complete": _datetimes(complete[order]),
+        }
+        columns.update(_objective_columns(values.result(), metrics, n, rows_of))
+        columns.update(sorted(_param_columns(*params.result(), n, rows_of).items()))  # by name, as a merged table orders them
     columns.update(_attr_columns(attrs, n, rows_of))
     frame = pd.DataFrame(columns)
     frame["methods"], frame["simulated"] = trial_methods(frame, pipeline, methods_cost)
@@ -149,9 +153,11 @@ def read_columns(conn: sa.Connection, table: str, where: str, columns: Sequence[
 
 def _aggregate(expr: str, kind: str) -> str:
     if kind == INT:
-        return f"group_concat(COALESCE(({expr}), 0), ',')"
+        return f"group_concat(({expr}), ',')"  # a NULL would be left out: only for columns that are never NULL
     if kind == FLOAT:
-        return f"group_concat(CASE WHEN ({expr}) IS NULL THEN 'nan' ELSE printf('%!.17g', ({expr})) END, ',')"
+        # a whole number (a size, a categorical's index) as an integer: exact, shorter to write and to parse
+        return (f"group_concat(CASE WHEN ({expr}) IS NULL THEN 'nan' WHEN ({expr}) = CAST(({expr}) AS INTEGER) "
+                f"THEN CAST(({expr}) AS INTEGER) ELSE printf('%!.17g', ({expr})) END, ',')")
     if kind == STAMP:
         return f"group_concat(COALESCE(({expr}), ''), char(31))"
     return f"group_concat(COALESCE(({expr}) || 'x', ''), char(31))"  # 'x' marks a value: '' alone is NULL
@@ -214,22 +220,42 @@ def _objective_columns(values: list[np.ndarray], metrics: Sequence[str], n: int,
     return out
 
 
-def _param_columns(conn: sa.Connection, of_study: str, n: int, rows_of: Any) -> dict[str, np.ndarray]:
+def _on_a_connection_of_its_own(conn: sa.Connection, read: Any, *args: Any) -> Any:
+    """``read(connection, *args)`` on a second connection to the same database (SQLite works without the GIL, so
+    reads on two connections overlap each other and the parsing here); on ``conn`` itself for in-memory SQLite,
+    which a second connection would not see."""
+    if conn.dialect.name == "sqlite" and (conn.engine.url.database or ":memory:") == ":memory:":
+        return read(conn, *args)
+    with conn.engine.connect() as own:
+        return read(own, *args)
+
+
+def _param_rows(conn: sa.Connection, of_study: str) -> tuple[list[tuple[str, str]], list[np.ndarray]]:
+    """The study's parameter names, each with one of its distributions, and the rows: trial_id, the stored (internal)
+    value and the number of the row's name. The names come from the index; Optuna refuses, within a study, a
+    parameter whose distribution changes kind or categorical choices, so any of a name's distributions converts
+    all of its values."""
+    names = [name for (name,) in fetch(conn, f"SELECT DISTINCT param_name FROM trial_params WHERE {of_study}")]
+    if not names:
+        return [], []
+    pairs = [(name, fetch(conn, f"SELECT distribution_json FROM trial_params WHERE param_name = {literal(conn, name)} "
+                                f"AND {of_study} LIMIT 1")[0][0]) for name in names]
+    code = " ".join(f"WHEN param_name = {literal(conn, name)} THEN {i}" for i, name in enumerate(names))
+    return pairs, read_columns(conn, "trial_params", of_study, [("trial_id", INT), ("param_value", FLOAT), (f"CASE {code} END", INT)])
+
+
+def _param_columns(pairs: list[tuple[str, str]], rows: list[np.ndarray], n: int, rows_of: Any) -> dict[str, np.ndarray]:
     """``param:<name>`` per parameter, as the trial saw it; object dtype keeps a categorical int an int next to
-    trials that lack the parameter (None there, no NaN upcast). The (name, distribution) pairs are read first,
-    then each row carries the number of its pair, not its texts: one conversion per pair."""
-    pairs = fetch(conn, f"SELECT DISTINCT param_name, distribution_json FROM trial_params WHERE {of_study}")
+    trials that lack the parameter (None there, no NaN upcast). One conversion per name."""
     if not pairs:
         return {}
-    code = " ".join(f"WHEN param_name = {literal(conn, name)} AND distribution_json = {literal(conn, dist)} THEN {i}"
-                    for i, (name, dist) in enumerate(pairs))
-    ids, internal, groups = read_columns(conn, "trial_params", of_study, [("trial_id", INT), ("param_value", FLOAT), (f"CASE {code} END", INT)])
-    rows = rows_of(ids)
+    ids, internal, groups = rows
+    at = rows_of(ids)
     out: dict[str, np.ndarray] = {}
     for i, (name, dist_json) in enumerate(pairs):
         mine = groups == i
         column = out.setdefault(f"param:{name}", np.full(n, None, dtype=object))
-        column[rows[mine]] = _external_many(str(dist_json), internal[mine])
+        column[at[mine]] = _external_many(str(dist_json), internal[mine])
     return out
 
 
