@@ -35,6 +35,7 @@ trial. ``cost_is`` is real: attention really runs on fewer tokens (``prefill_ms`
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -175,7 +176,8 @@ def _count(module: torch.nn.Module, kept: int, total: int) -> None:
 
 
 def register_attention() -> None:
-    """Make our function known to transformers (idempotent; also done at import, e.g. in Ray workers)."""
+    """Make our function known to transformers (idempotent). Done by install(), and at import in a process that
+    already has transformers loaded: a driver that only lists plugins never imports transformers for it (~6 s)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, token_sparse_attention_forward)
@@ -250,7 +252,8 @@ class TokenSparseAttention(Method):
         return {"attn_kept_frac": kept / total} if total else {}
 
 
-register_attention()
+if "transformers.modeling_utils" in sys.modules:  # a process with models (a Ray worker): known at once; install() registers anyway
+    register_attention()
 
 
 @hookimpl

@@ -52,6 +52,14 @@ def check_model(name: str) -> None:
         raise ConfigError(message if message.startswith("model") else f"model: {message}") from None
 
 
+def model_is_cached(name: str) -> bool:
+    """Whether loading ``name`` reads a cached copy (False: the first load downloads or converts it)."""
+    try:
+        return resolve_model(name).is_cached()
+    except ConfigError:
+        return True  # refused elsewhere, with its reason
+
+
 def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and all(name.split("/"))
 

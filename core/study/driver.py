@@ -17,6 +17,7 @@ import optuna
 from paretolab.cluster.ray_init import init_ray, ray_auth_env
 from paretolab.cluster.reach import require_reachable
 from paretolab.errors import ParetolabError, first_line
+from paretolab.models.lookup import model_is_cached
 from paretolab.plugin_api.manager import plugin_manager, registries
 from paretolab.records import StagePlan, TrialInfo, TrialResult, TrialSettings
 from paretolab.stores.locations import Stores
@@ -180,6 +181,8 @@ def _drive(
         shown = stores.redacted()
         log(f"study {spec.name!r}: {done}/{target} trials finished; starting {n_workers} worker(s) with model {spec.model!r} "
             f"(Optuna {shown.optuna_url}, MLflow {shown.tracking_uri})")
+        if not address and not model_is_cached(spec.model):
+            log(f"the first run converts model {spec.model!r} into the cache once (about 20 s here); later runs load it from there")
         pool.start(n_workers)
         tags = trial_tags(spec, regs)
         board = start_board(spec.search.pruner, study)
