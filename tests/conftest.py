@@ -145,7 +145,7 @@ def ray_head(tmp_path_factory):
     head = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _wait_for_line(head, "Ray runtime started", timeout=180)
     yield f"127.0.0.1:{port}"
-    stop_process_group(head)
+    stop_process_group(head, grace=5)  # `ray start --block` may sit out a SIGTERM for 30 s+ (seen at the session's end): then SIGKILL
     if previous is None:
         os.environ.pop("RAY_AUTH_MODE", None)
     else:

@@ -227,7 +227,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(services, 
 
 def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
     pg, server, cluster = services
-    pipeline = write_pipeline(tmp_path, name="driverkill", stages=SLEEPY, search={"sampler": "random", "trials": 8, "seed": 1})
+    pipeline = write_pipeline(tmp_path, name="driverkill", stages=SLEEPY, search={"sampler": "random", "trials": 6, "seed": 1})
     first = submit(cluster, pipeline, cwd=tmp_path)
 
     def progressed():
@@ -247,13 +247,13 @@ def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
     assert wait_job(cluster, second, tmp_path) == "SUCCEEDED"
     logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
     assert "resuming" in logs or "recovered from its MLflow run" in logs
-    assert counts(pg, server, "driverkill", planned=8, retried=0) == {"planned": 8, "completed": 8, "failed": 0, "retried": 0, "lost": 0}
+    assert counts(pg, server, "driverkill", planned=6, retried=0) == {"planned": 6, "completed": 6, "failed": 0, "retried": 0, "lost": 0}
 
 
 def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_path):
     pg, server, cluster = services
-    # one worker, 16 trials of 4-5 s: long enough to outlast the second job's start-up
-    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 16, "seed": 3},
+    # one worker, 10 trials of 4-5 s: ~45 s, three times the second job's start-up here
+    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 10, "seed": 3},
                               resources={"cpus": 1, "workers": 1})
     first = submit(cluster, pipeline, cwd=tmp_path)
     wait_for(lambda: running_trials(pg, "live") >= 1, timeout=300, interval=0.5)
@@ -263,7 +263,7 @@ def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_pa
     assert ended == "FAILED", logs
     assert "study 'live' is being run by another driver (host " in logs
     assert wait_job(cluster, first, tmp_path) == "SUCCEEDED"
-    assert counts(pg, server, "live", planned=16, retried=0) == {"planned": 16, "completed": 16, "failed": 0, "retried": 0, "lost": 0}
+    assert counts(pg, server, "live", planned=10, retried=0) == {"planned": 10, "completed": 10, "failed": 0, "retried": 0, "lost": 0}
 
 
 def test_a_worker_node_leaving_mid_study_is_survived(services, tmp_path):

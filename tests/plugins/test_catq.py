@@ -131,6 +131,7 @@ def test_registers_both_methods_and_bits_per_weight() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.results
 def test_catq_in_the_recipes_shape_beats_absmean_ternary_on_smollm2(tmp_path) -> None:
     """The direction pipelines/catq_smollm2.yaml measured (README: catq_smollm2): at 2.125 bits per weight, even 10
     steps per window of the recipe's shape (window 4, stride 2, Huber, LoRA 64) leave SmolLM2 far less broken than

@@ -129,6 +129,7 @@ def test_random_seed_param_gives_another_draw_and_seed_0_the_old_one(tiny6: Subj
 
 
 @pytest.mark.slow
+@pytest.mark.results
 def test_block_influence_beats_random_layers_keeping_23_to_30_percent_of_smollm2s_30(tmp_path: Path) -> None:
     """The direction pipelines/layerdrop_fewlayer[_k].yaml measured (README: layerdrop_fewlayer, layerdrop_fewlayer_k):
     keeping 9, 8 or 7 of 30 layers (k = 21, 22, 23 dropped), a scored choice beats random ones by orders of magnitude."""

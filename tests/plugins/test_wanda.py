@@ -121,6 +121,7 @@ def wikitext2_or_pydoc() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.results
 def test_wanda_beats_magnitude_at_50_percent_on_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from paretolab.models import SmolLM2
     from paretolab.tasks import Perplexity, PerplexityOptions

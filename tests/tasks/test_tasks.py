@@ -155,6 +155,7 @@ def test_smollm2_quality_on_the_builtin_corpus(ctx):
 
 
 @pytest.mark.slow
+@pytest.mark.results
 def test_smollm2_quality_on_real_data(ctx):
     """The real model is sane: low perplexity on WikiText-2 prose and above-chance ARC-Easy."""
     from paretolab.models import SmolLM2
