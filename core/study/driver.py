@@ -174,6 +174,7 @@ def _drive(
     session_started(study, pipeline, planned)
     try:
         init_ray(address)
+        stop.install()  # ray.init replaced our SIGTERM handler with one that exits on the spot
         settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
                                  timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
         pool = WorkerPool(spec.model, settings, spec.resources)

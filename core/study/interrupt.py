@@ -45,9 +45,15 @@ class StopSignal:
         self.running = False  # trials may be in flight: a Ctrl-C drains instead of raising
         self._interrupts = 0
         self._previous: dict[int, Any] = {}
+        self.install()
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (again: `ray.init` sets a SIGTERM handler of its own that exits at once, leaving the
+        running trials RUNNING). ``restore`` gives back what was there before the first install."""
         if threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGINT, self._sigint), (signal.SIGTERM, self._sigterm)):
-                self._previous[sig] = signal.signal(sig, handler)
+                previous = signal.signal(sig, handler)
+                self._previous.setdefault(sig, previous)
 
     @property
     def draining(self) -> bool:
