@@ -119,16 +119,28 @@ def test_refusals_are_one_line_and_leave_nothing_behind(study):
         ((str(first(trials, "cat").number),), r"no export path for cat: module .* is CATLinear \(from paretolab.plugins.cat\) here but Linear"),
         (("999",), r"has no trial 999"),
     ]
-    for args, message in cases:
-        proc = run_cli("export", "ex", *args, "--out", "refused", cwd=folder, check=False)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert __import__("re").search(message, proc.stderr), proc.stderr
+    from paretolab.api.export import export
+    from paretolab.errors import ParetolabError
+    from paretolab.stores.locations import resolve_stores
+
+    stores = resolve_stores(home=str(folder / ".paretolab"), create=False)
+    for index, (args, message) in enumerate(cases):
+        if index == 0:  # the command once (exit 2, one line); the rest through the function it prints the error of
+            proc = run_cli("export", "ex", *args, "--out", "refused", cwd=folder, check=False)
+            assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            said = proc.stderr
+        else:
+            with pytest.raises(ParetolabError) as refused:
+                export("ex", int(args[0]), folder / "refused", stores=stores, progress=lambda _: None)
+            said = str(refused.value)
+            assert len(said.strip().splitlines()) == 1, said
+        assert __import__("re").search(message, said), said
         assert not (folder / "refused").exists() and not (folder / "refused.partial").exists()
-    number = str(first(trials, "none").number)
-    run_cli("export", "ex", number, "--out", "twice", cwd=folder)
-    proc = run_cli("export", "ex", number, "--out", "twice", cwd=folder, check=False)
-    assert proc.returncode == 2 and "exists; pick a new directory or pass --force" in proc.stderr
-    run_cli("export", "ex", number, "--out", "twice", "--force", cwd=folder)
+    number = first(trials, "none").number
+    export("ex", number, folder / "twice", stores=stores, progress=lambda _: None)
+    with pytest.raises(ParetolabError, match="exists; pick a new directory or pass --force"):
+        export("ex", number, folder / "twice", stores=stores, progress=lambda _: None)
+    export("ex", number, folder / "twice", stores=stores, force=True, progress=lambda _: None)
 
 
 def test_a_study_whose_base_model_is_gone_is_refused(study, tmp_path):
