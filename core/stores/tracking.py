@@ -29,11 +29,15 @@ class Tracker:
         for name in ("alembic", "mlflow", "mlflow.store.db.utils"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
-        from paretolab.stores.open import guarded
+        from paretolab.stores.mlflow_schema import seed_sqlite_store
+        from paretolab.stores.open import guarded, sqlite_file
         from paretolab.stores.ownership import creating_stores
 
         self.study = study
         with guarded("MLflow", stores.tracking_uri, lambda: creating_stores(stores.tracking_uri)):  # MLflow migrates an empty database on first use: one process at a time
+            path = sqlite_file(stores.tracking_uri)
+            if path is not None:
+                seed_sqlite_store(path)  # a new SQLite store: the cached empty schema, not MLflow's migrations again
             self.client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
             experiment = guarded("MLflow", stores.tracking_uri, lambda: self.client.get_experiment_by_name(study))
             if experiment is None:
