@@ -134,3 +134,18 @@ def test_sqnr_is_scored_on_tokens_the_transform_was_not_fitted_on(tiny: Subject,
     fitted, scored = fed  # the calibration pass, then the SQNR pass
     windows = {tuple(row) for row in fitted.tolist()}
     assert scored.shape[1] == SMALL["calib_seq_len"] and not windows & {tuple(row) for row in scored.tolist()}
+
+
+def test_the_fit_and_held_out_windows_encode_the_corpus_once(tiny: Subject, monkeypatch) -> None:
+    from paretolab.data import tokens as data
+
+    calls: list[int] = []
+    real = data.encode
+    monkeypatch.setattr(data, "encode", lambda tokenizer, text: (calls.append(len(text)), real(tokenizer, text))[1])
+    fit = data.calibration_ids(tiny.tokenizer, corpus="pystdlib-val", n_samples=4, seq_len=64, seed=5)
+    held = data.heldout_calibration_ids(tiny.tokenizer, corpus="pystdlib-val", n_samples=4, seq_len=64, seed=5, n_heldout=2)
+    assert len(calls) == 1  # one encode of the whole corpus for both (a 10 MB corpus: ~14 s each)
+    ids = torch.tensor(real(tiny.tokenizer, data.load_corpus("pystdlib-val")[0]))
+    starts = torch.randint(0, ids.numel() - 64, (4,), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(fit, torch.stack([ids[s : s + 64] for s in starts.tolist()]))  # the windows calibration always cut
+    assert held.shape == (2, 64)
