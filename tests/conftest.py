@@ -192,6 +192,40 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 30) -> None:
             time.sleep(0.2)
 
 
+def cli_here(*args: str, cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """The `paretolab` command run in this process: ``paretolab.cli.main(args)`` in ``cwd`` with ``env`` set, its
+    output captured. The installed command's code without a new interpreter's 3-8 s of imports; for the commands
+    that read or manage the stores (frontier, report, studies, export, models, plugins), never for `run`, `submit` or
+    `jobs` (Ray, signals). Each command is also run as the real `paretolab` (run_cli) in some test."""
+    import contextlib
+    import io
+
+    from paretolab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {key: os.environ.get(key) for key in env or {}}
+    here = os.getcwd()
+    try:
+        os.environ.update(env or {})
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors and --help
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(here)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    proc = subprocess.CompletedProcess(["paretolab", *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"paretolab {' '.join(args)} (in process) exited {code}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     """Run the real `paretolab` command."""
     full_env = {**os.environ, **(env or {})}

@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import cli_here, run_cli
 
 pytestmark = pytest.mark.ray
 
@@ -151,7 +151,7 @@ def test_a_study_whose_base_model_is_gone_is_refused(study, tmp_path):
     shutil.copytree(folder / ".paretolab", copy / ".paretolab")
     stored = optuna.load_study(study_name="ex", storage=f"sqlite:///{copy / '.paretolab' / 'optuna.db'}")
     stored.set_user_attr("pipeline", {**stored.user_attrs["pipeline"], "model": "a-checkpoint-deleted-since"})
-    proc = run_cli("export", "ex", str(first(trials, "none").number), "--out", "x", cwd=copy, check=False)
+    proc = cli_here("export", "ex", str(first(trials, "none").number), "--out", "x", cwd=copy, check=False)
     assert proc.returncode == 2 and "base model 'a-checkpoint-deleted-since' is missing here" in proc.stderr, proc.stderr
 
 
@@ -168,7 +168,7 @@ def test_load_study_gives_trials_frontier_and_the_reports_verdicts_as_frames(stu
     points = frames.trials[["ppl", "size_bytes"]].to_numpy().tolist()
     expected = {int(frames.trials["trial"].iloc[i]) for i in pareto_indices(points, ["minimize", "minimize"])}
     assert set(frames.frontier["trial"]) == expected
-    report = run_cli("report", "ex", cwd=folder).stdout
+    report = cli_here("report", "ex", cwd=folder).stdout
     assert len(frames.verdicts) == report.count("**Verdict") >= 1  # one per claim and setting, as the report says them
     for _, row in frames.verdicts.iterrows():
         assert row["method"] == "magnitude" and f"**Verdict at {row['setting']}: {row['verdict']}**" in report
@@ -192,5 +192,5 @@ def test_a_training_trial_exports_with_its_curve_and_becomes_a_base_by_name(tmp_
     info = json.loads((tmp_path / "out" / "paretolab.json").read_text())
     assert info["training_curve"]["curve.val_loss"], "the training record lost its curve"
     assert json.loads(saved.read_text())["saved_at"] == stamp, "export overwrote the study's own checkpoint"
-    listed = run_cli("models", "list", cwd=tmp_path, env=cache).stdout
+    listed = run_cli("models", "list", cwd=tmp_path, env=cache).stdout  # a new process: the saved model is found by name
     assert "my-exported" in listed

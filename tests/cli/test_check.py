@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, cli_here, run_cli
 
 SAVED_ELSEWHERE = "is the checkpoint that"  # a model another shipped pipeline trains (train.save_as)
 NOT_PULLED = "paretolab models pull"  # a model this machine has to make once
@@ -56,7 +56,7 @@ def test_a_typo_in_a_method_param_fails_check_with_the_line_run_gives(tmp_path):
     raw["stages"][0]["params"]["sparsty"] = raw["stages"][0]["params"].pop("sparsity")
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(raw))
-    checked = run_cli("check", str(path), cwd=tmp_path, check=False)
+    checked = cli_here("check", str(path), cwd=tmp_path, check=False)
     ran = run_cli("run", str(path), cwd=tmp_path, check=False)
     assert checked.returncode == ran.returncode == 2
     assert checked.stderr == ran.stderr and "sparsty" in checked.stderr and len(checked.stderr.strip().splitlines()) == 1
@@ -85,12 +85,12 @@ def test_check_starts_no_ray_loads_no_model_and_writes_no_store(tmp_path):
         study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)
     db = tmp_path / "home" / "optuna.db"
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    out = run_cli("check", str(pipeline), "--home", str(tmp_path / "home"), cwd=fresh).stdout
+    out = cli_here("check", str(pipeline), "--home", str(tmp_path / "home"), cwd=fresh).stdout
     assert f"study 'smoke' is there with 2 trial(s) (2 fail): `paretolab run {pipeline} --resume` continues it" in out
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before and list(fresh.iterdir()) == []
 
 
 @pytest.mark.parametrize("args", [["check"], ["studies"], ["studies", "delete"]])
 def test_help_of_the_new_commands_teaches(args, tmp_path):
-    out = run_cli(*args, "--help", cwd=tmp_path).stdout
+    out = cli_here(*args, "--help", cwd=tmp_path).stdout
     assert "usage: paretolab" in out and ("runs nothing" in out or "--yes" in out or "no Ray" in out)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_here, run_cli
 
 
 @pytest.mark.parametrize("args", [[], ["run"], ["plugins"], ["models"], ["models", "pull"], ["frontier"], ["studies"]])
 def test_help_everywhere(args, tmp_path):
-    out = run_cli(*args, "--help", cwd=tmp_path).stdout
+    out = cli_here(*args, "--help", cwd=tmp_path).stdout  # the parser the installed command runs (which the other tests run)
     assert "usage: paretolab" in out
 
 

@@ -77,6 +77,11 @@ def _job_status_fast(cluster: RayCluster, job_id: str) -> str:
     return _api(cluster, f"/api/jobs/{job_id}")["status"]
 
 
+def job_logs(cluster: RayCluster, job_id: str) -> str:
+    """A job's logs from the job API (`paretolab jobs logs` itself is run once, in the smoke test)."""
+    return _api(cluster, f"/api/jobs/{job_id}/logs")["logs"]
+
+
 def _api(cluster: RayCluster, path: str):
     request = urllib.request.Request(cluster.jobs_url + path, headers={"Authorization": f"Bearer {cluster.token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -188,7 +193,7 @@ def test_one_gpu_trials_run_two_at_a_time_on_the_gpu_node_only(services, tmp_pat
     pipeline = write_pipeline(tmp_path, name="gpu", resources={"cpus": 1, "gpus": 1}, search={"sampler": "random", "trials": 4, "seed": 0})
     job_id = submit(cluster, pipeline, cwd=tmp_path)
     assert wait_job(cluster, job_id, tmp_path) == "SUCCEEDED"
-    assert "starting 2 worker(s)" in cli(cluster, "jobs", "logs", job_id, "--address", cluster.jobs_url, cwd=tmp_path).stdout
+    assert "starting 2 worker(s)" in job_logs(cluster, job_id)
     gpu_nodes = {n["node_id"] for n in _api(cluster, "/api/v0/nodes?detail=1")["data"]["result"]["result"] if n["resources_total"].get("GPU")}
     runs = trial_runs(server, "gpu")
     assert len(runs) == 4
@@ -225,10 +230,20 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(services, 
     assert "6 trial(s) completed, 0 failed, 1 retried" in out
 
 
-def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
+def test_a_live_study_refuses_a_second_driver_and_a_killed_one_is_finished_by_resubmitting(services, tmp_path):
     pg, server, cluster = services
-    pipeline = write_pipeline(tmp_path, name="driverkill", stages=SLEEPY, search={"sampler": "random", "trials": 6, "seed": 1})
+    gate = tmp_path / "gate"  # the trials wait for this file: the first driver lives until the test opens it
+    stages = [{"method": "sleep", "params": {"seconds": {"low": 4.0, "high": 5.0}, "gate": str(gate)}}]
+    pipeline = write_pipeline(tmp_path, name="driverkill", stages=stages, search={"sampler": "random", "trials": 6, "seed": 1})
     first = submit(cluster, pipeline, cwd=tmp_path)
+    wait_for(lambda: running_trials(pg, "driverkill") >= 1, timeout=300, interval=0.5)
+
+    second = submit(cluster, pipeline, cwd=tmp_path)  # its driver runs `paretolab run --resume` while the first lives
+    ended = wait_job(cluster, second, tmp_path)
+    logs = job_logs(cluster, second)
+    assert ended == "FAILED", logs
+    assert "study 'driverkill' is being run by another driver (host " in logs
+    gate.touch()
 
     def progressed():
         if not running_trials(pg, "driverkill"):
@@ -243,27 +258,11 @@ def test_a_killed_job_driver_is_finished_by_resubmitting(services, tmp_path):
     left = Counter(t.state for t in trials(pg, "driverkill"))
     assert left[optuna.trial.TrialState.RUNNING] >= 1
 
-    second = submit(cluster, pipeline, cwd=tmp_path)
-    assert wait_job(cluster, second, tmp_path) == "SUCCEEDED"
-    logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
+    third = submit(cluster, pipeline, cwd=tmp_path)
+    assert wait_job(cluster, third, tmp_path) == "SUCCEEDED"
+    logs = job_logs(cluster, third)
     assert "resuming" in logs or "recovered from its MLflow run" in logs
     assert counts(pg, server, "driverkill", planned=6, retried=0) == {"planned": 6, "completed": 6, "failed": 0, "retried": 0, "lost": 0}
-
-
-def test_resubmitting_a_live_study_is_refused_naming_its_driver(services, tmp_path):
-    pg, server, cluster = services
-    # one worker, 10 trials of 4-5 s: ~45 s, three times the second job's start-up here
-    pipeline = write_pipeline(tmp_path, name="live", stages=SLEEPY, search={"sampler": "random", "trials": 10, "seed": 3},
-                              resources={"cpus": 1, "workers": 1})
-    first = submit(cluster, pipeline, cwd=tmp_path)
-    wait_for(lambda: running_trials(pg, "live") >= 1, timeout=300, interval=0.5)
-    second = submit(cluster, pipeline, cwd=tmp_path)  # its driver runs `paretolab run --resume` while the first lives
-    ended = wait_job(cluster, second, tmp_path)
-    logs = cli(cluster, "jobs", "logs", second, "--address", cluster.jobs_url, cwd=tmp_path).stdout
-    assert ended == "FAILED", logs
-    assert "study 'live' is being run by another driver (host " in logs
-    assert wait_job(cluster, first, tmp_path) == "SUCCEEDED"
-    assert counts(pg, server, "live", planned=10, retried=0) == {"planned": 10, "completed": 10, "failed": 0, "retried": 0, "lost": 0}
 
 
 def test_a_worker_node_leaving_mid_study_is_survived(services, tmp_path):

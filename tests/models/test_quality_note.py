@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 
 from paretolab.stores import resolve_stores
-from tests.conftest import run_cli
+from tests.conftest import cli_here
 from tests.dashboard.conftest import build_stores
 
 NOTE = "Not meaningful for quality: model 'tiny-llama' has random weights"
@@ -14,16 +14,16 @@ NOTE = "Not meaningful for quality: model 'tiny-llama' has random weights"
 def test_frontier_and_report_label_a_tiny_llama_study(tmp_path):
     home = tmp_path / "home"
     stores = build_stores(home)  # studies demo and single, on tiny-llama
-    frontier = run_cli("frontier", "demo", "--home", str(home), cwd=tmp_path)
+    frontier = cli_here("frontier", "demo", "--home", str(home), cwd=tmp_path)
     assert f"warning: {NOTE}" in frontier.stdout
-    as_json = run_cli("frontier", "demo", "--home", str(home), "--json", cwd=tmp_path)
+    as_json = cli_here("frontier", "demo", "--home", str(home), "--json", cwd=tmp_path)
     assert NOTE in as_json.stderr and NOTE not in as_json.stdout  # the JSON stays parseable
-    report = run_cli("report", "demo", "--home", str(home), cwd=tmp_path)
+    report = cli_here("report", "demo", "--home", str(home), cwd=tmp_path)
     assert f"> **{NOTE}" in report.stdout
 
     optuna.load_study(study_name="single", storage=resolve_stores(home=str(home)).optuna_url).set_user_attr("model", "smollm2-135m")
-    assert stores and "Not meaningful" not in run_cli("frontier", "single", "--home", str(home), cwd=tmp_path).stdout
-    assert "Not meaningful" not in run_cli("report", "single", "--home", str(home), cwd=tmp_path).stdout
+    assert stores and "Not meaningful" not in cli_here("frontier", "single", "--home", str(home), cwd=tmp_path).stdout
+    assert "Not meaningful" not in cli_here("report", "single", "--home", str(home), cwd=tmp_path).stdout
 
 
 def test_a_pipeline_that_trains_its_random_init_model_gets_no_warning():

@@ -9,7 +9,7 @@ import pytest
 
 from paretolab.results import read, section
 from paretolab.stores import resolve_stores
-from tests.conftest import run_cli
+from tests.conftest import cli_here
 from tests.dashboard.conftest import INFEASIBLE_DOMINATING, PRUNED_TRIAL
 
 BOUNDS = ["decode_tok_s >= 150", "ppl <= 1.5 x none"]
@@ -43,13 +43,13 @@ def test_frontier_text_says_under_which_bounds_and_marks_the_trial_it_leaves_off
 
 
 def test_frontier_json_keeps_its_list_and_marks_each_row(constrained_home, tmp_path):
-    done = run_cli("frontier", "constrained", "--home", str(constrained_home), "--json", cwd=tmp_path)
+    done = cli_here("frontier", "constrained", "--home", str(constrained_home), "--json", cwd=tmp_path)
     rows = json.loads(done.stdout)
     assert [(r["trial"], r["feasible"]) for r in rows] == [(0, True), (1, True), (2, True), (INFEASIBLE_DOMINATING, False)]
     assert rows[-1]["infeasible_because"] == WHY and all("infeasible_because" not in r for r in rows[:-1])
     assert f"feasible frontier under: {'; '.join(BOUNDS)}" in done.stderr
     # an unconstrained study (with a pruned trial): the same rows as ever, each feasible, and no note
-    plain = run_cli("frontier", "pruned", "--home", str(constrained_home), "--json", cwd=tmp_path)
+    plain = cli_here("frontier", "pruned", "--home", str(constrained_home), "--json", cwd=tmp_path)
     rows = json.loads(plain.stdout)
     assert rows and all(r["feasible"] is True and "infeasible_because" not in r for r in rows)
     assert PRUNED_TRIAL not in [r["trial"] for r in rows] and "feasible frontier" not in plain.stderr
@@ -90,7 +90,7 @@ def test_pruned_trials_are_counted_and_never_complete(stores, constrained_home, 
     assert PRUNED_TRIAL not in [r["trial"] for r in read.trial_table("pruned", stores)[1]]
     assert PRUNED_TRIAL not in [r["trial"] for r in read.frontier_rows("pruned", stores)]
     assert "4 complete trial(s), 0 failed, 1 pruned" in section.study_section("pruned", stores, [])
-    listing = run_cli("studies", "--home", str(constrained_home), cwd=tmp_path).stdout.splitlines()
+    listing = cli_here("studies", "--home", str(constrained_home), cwd=tmp_path).stdout.splitlines()
     header = listing[0].split()
     assert header[:6] == ["study", "status", "complete", "failed", "pruned", "running"]
     assert next(line for line in listing if line.startswith("pruned")).split()[:6] == ["pruned", "finished", "4", "0", "1", "0"]

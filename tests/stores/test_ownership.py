@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from paretolab.stores.ownership import StudyOwnedError, creating_stores, own_study
-from tests.conftest import BIN
+from tests.conftest import BIN, wait_for
 from tests.study.test_study import write_pipeline
 
 HOLD = "from paretolab.stores.ownership import own_study; import sys, time; l = own_study(sys.argv[1], 's'); print('held', flush=True); time.sleep(120)"
@@ -78,14 +78,13 @@ def test_two_processes_open_empty_stores_at_once(tmp_path):
             "from paretolab.stores import resolve_stores\nfrom paretolab.stores.open import optuna_storage\n"
             "from paretolab.stores.tracking import Tracker\n"
             "go = pathlib.Path(sys.argv[2])\n"
+            "pathlib.Path(sys.argv[2] + '.' + sys.argv[3]).write_text('')\n"  # imported: ready
             "while not go.exists(): time.sleep(0.01)\n"  # start together, after the slow imports
             "stores = resolve_stores(home=sys.argv[1])\noptuna_storage(stores, create=True)\nTracker(stores, sys.argv[3])\nprint('ok')\n")
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "home"), str(go), f"s{i}"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
-    import time
-
-    time.sleep(15)
+    wait_for(lambda: all((tmp_path / f"go.s{i}").exists() or p.poll() is not None for i, p in enumerate(procs)), timeout=300, interval=0.05)
     go.write_text("")
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]

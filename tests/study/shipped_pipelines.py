@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ from paretolab.study.yaml_read import read_yaml
 ROOT = Path(__file__).resolve().parents[2] / "pipelines"
 
 
+@lru_cache(maxsize=1)
 def saved_models() -> dict[str, str]:
-    """``train.save_as`` name -> the model it is trained from, over every shipped pipeline."""
+    """``train.save_as`` name -> the model it is trained from, over every shipped pipeline (read once per session)."""
     out = {}
     for path in ROOT.glob("*.yaml"):
         raw: Any = read_yaml(path.read_text(), str(path))

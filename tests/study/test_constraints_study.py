@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from paretolab.results.frontier import pareto_indices
-from tests.conftest import run_cli
+from tests.conftest import cli_here, run_cli
 from tests.study.test_study import mlflow_trial_runs, optuna_trials
 
 pytestmark = [pytest.mark.ray]
@@ -62,7 +62,7 @@ def test_a_constrained_study_judges_every_trial_against_its_reference_and_keeps_
     runs = {int(r.data.tags["paretolab.trial_number"]): r for r in mlflow_trial_runs(tmp_path, "bounded")}
     assert {n for n, r in runs.items() if r.data.tags["paretolab.feasible"] == "false"} == infeasible
 
-    frontier = json.loads(run_cli("frontier", "bounded", "--json", cwd=tmp_path).stdout)
+    frontier = json.loads(cli_here("frontier", "bounded", "--json", cwd=tmp_path).stdout)
     on_front = {row["trial"] for row in frontier if row["feasible"]}
     assert on_front and not on_front & infeasible
     assert {row["trial"] for row in frontier if not row["feasible"]} == infeasible & unconstrained  # listed, marked, not drawn

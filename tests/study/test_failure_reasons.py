@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 
-from tests.conftest import run_cli
+from tests.conftest import cli_here
 
 
 def _study_with_failures(home):
@@ -21,7 +21,7 @@ def _study_with_failures(home):
 
 def test_studies_prints_failure_reasons_grouped(tmp_path):
     _study_with_failures(tmp_path / ".paretolab")
-    out = run_cli("studies", cwd=tmp_path).stdout
+    out = cli_here("studies", cwd=tmp_path).stdout
     lines = out.splitlines()
     at = lines.index("failed trials of 'faulty' by reason:")
     assert [line.split(" x ", 1) for line in lines[at + 1:at + 4]] == [

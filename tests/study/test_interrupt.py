@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import BIN, run_cli, wait_for
+from tests.conftest import BIN, cli_here, run_cli, wait_for
 from tests.study.test_study import mlflow_trial_runs, optuna_trials, write_pipeline
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -56,7 +56,7 @@ def ctrl_c(driver: subprocess.Popen, times: int) -> tuple[int, str, str, float]:
     return driver.returncode, out, err, time.monotonic() - start
 
 
-def test_ctrl_c_lets_the_running_trial_finish_and_resume_records_each_trial_once(tmp_path, with_testplugin):
+def test_ctrl_c_lets_the_running_trial_finish_and_resume_records_each_trial_once(tmp_path, with_testplugin, ray_head):
     pipeline = write_pipeline(tmp_path, name="ctrlc", stages=[{"method": "sleep", "params": {"seconds": {"low": 3.0, "high": 4.0}}}],
                               task={"name": "perplexity", "corpus": "pydoc", "max_tokens": 256, "context": 128, "stride": 128},
                               search={"sampler": "random", "trials": 3, "seed": 0, "trial_timeout_s": 120}, resources={"cpus": 1, "workers": 1})
@@ -69,15 +69,15 @@ def test_ctrl_c_lets_the_running_trial_finish_and_resume_records_each_trial_once
     print(f"first Ctrl-C: exited {took:.1f} s after the signal")
     first = optuna_trials(tmp_path, "ctrlc")
     assert [t.state for t in first] == [optuna.trial.TrialState.COMPLETE]  # finished, not cancelled, and nothing new started
-    status = run_cli("studies", cwd=tmp_path).stdout
+    status = run_cli("studies", cwd=tmp_path).stdout  # the command itself once; the rest in this process
     assert "interrupted (SIGINT)" in status and f"resume with `paretolab run {pipeline} --resume`" in status
 
-    run_cli("run", str(pipeline), "--resume", "--no-progress", cwd=tmp_path, env={"RAY_AUTH_MODE": "disabled"})
+    run_cli("run", str(pipeline), "--resume", "--address", ray_head, "--no-progress", cwd=tmp_path)  # the shared head: no second Ray start-up
     trials = optuna_trials(tmp_path, "ctrlc")
     assert [t.number for t in trials] == [0, 1, 2] and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     numbers = Counter(int(r.data.tags["paretolab.trial_number"]) for r in mlflow_trial_runs(tmp_path, "ctrlc"))
     assert numbers == {0: 1, 1: 1, 2: 1}
-    assert "ctrlc  finished" in run_cli("studies", cwd=tmp_path).stdout
+    assert "ctrlc  finished" in cli_here("studies", cwd=tmp_path).stdout
 
 
 def test_a_second_ctrl_c_cancels_the_running_trial_into_both_stores_and_prune_removes_the_study(tmp_path, with_testplugin):
@@ -95,10 +95,10 @@ def test_a_second_ctrl_c_cancels_the_running_trial_into_both_stores_and_prune_re
     [run] = mlflow_trial_runs(tmp_path, "cancel")
     assert run.info.status == "FAILED" and run.data.tags["paretolab.failure"] == reason
 
-    listed = run_cli("studies", cwd=tmp_path).stdout
+    listed = cli_here("studies", cwd=tmp_path).stdout
     assert "interrupted (SIGINT)" in listed and "0 of 2 planned trial(s) complete" in listed
-    refused = run_cli("studies", "--prune", cwd=tmp_path, check=False)  # no terminal to ask on, no --yes
+    refused = cli_here("studies", "--prune", cwd=tmp_path, check=False)  # no terminal to ask on, no --yes
     assert refused.returncode == 2 and "--yes" in refused.stderr
-    pruned = run_cli("studies", "--prune", "--yes", cwd=tmp_path).stdout
+    pruned = cli_here("studies", "--prune", "--yes", cwd=tmp_path).stdout
     assert "removed study 'cancel': Optuna study with 1 trial(s); MLflow experiment with 2 run(s)" in pruned
-    assert "no studies yet" in run_cli("studies", cwd=tmp_path).stdout
+    assert "no studies yet" in cli_here("studies", cwd=tmp_path).stdout

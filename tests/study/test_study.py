@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import BIN, run_cli, wait_for
+from tests.conftest import BIN, cli_here, run_cli, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -66,13 +66,13 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
     assert {"energy_j", "stage_energy_j.evaluate", "stage_energy_j.copy", "prefill_speedup", "prefill_ms_iqr"} <= set(run.data.metrics)
     assert run.data.tags["paretolab.energy_source"] == "estimate" and run.data.tags["paretolab.weights"] == "random init"
 
-    frontier = json.loads(run_cli("frontier", "smoke", "--json", cwd=tmp_path).stdout)
+    frontier = json.loads(cli_here("frontier", "smoke", "--json", cwd=tmp_path).stdout)
     assert frontier and all({"trial", "ppl", "size_bytes", "params"} <= set(row) for row in frontier)
     sizes = [row["size_bytes"] for row in frontier]
     ppls = [row["ppl"] for row in frontier]
     assert ppls == sorted(ppls) and sizes == sorted(sizes, reverse=True)  # a frontier trades one for the other
 
-    table = run_cli("report", "smoke", "--metrics", "ppl,size_bytes,sqnr_db", cwd=tmp_path).stdout.splitlines()
+    table = cli_here("report", "smoke", "--metrics", "ppl,size_bytes,sqnr_db", cwd=tmp_path).stdout.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("| method"))
     # no trial reported sqnr_db; sizes against the base as stored and in fp16, never only against fp32; n: windows behind ppl
     assert table[header] == "| method | params | ppl | size_bytes | size ÷ stored base | size ÷ fp16 base | n | cost | trial |"
@@ -91,7 +91,7 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
         tmp_path,
         name="faults",
         stages=[{"choice": [{"method": "none"}, {"method": "explode"}, {"method": "nan_weights"}, {"method": "hang"}, {"method": "noise", "params": {"std": 0.01}}]}],
-        search={"sampler": "grid", "trials": 5, "seed": 0, "trial_timeout_s": 20},
+        search={"sampler": "grid", "trials": 5, "seed": 0, "trial_timeout_s": 10},  # hang holds a worker this long
     )
     hook_log = tmp_path / "hooks.jsonl"
     out = run_cli("run", str(pipeline), "--address", ray_head, "--no-progress", cwd=tmp_path, env={"PARETOLAB_TEST_HOOK_LOG": str(hook_log)})
@@ -99,7 +99,7 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
     reasons = out.stdout.split("failed trials of 'faults' by reason:\n")[1].splitlines()[:3]
     assert sorted(line.split(" x ")[0].strip() for line in reasons) == ["1", "1", "1"]
     assert any("RuntimeError: deliberate failure for the tests" in line for line in reasons)
-    assert any("timed out after 20 s" in line for line in reasons)
+    assert any("timed out after 10 s" in line for line in reasons)
     calls = [json.loads(line) for line in hook_log.read_text().splitlines()]
     assert sorted(c["number"] for c in calls if c["hook"] == "started") == list(range(5))
     finished = {c["number"]: c["error"] for c in calls if c["hook"] == "finished"}
@@ -108,7 +108,7 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
     assert by_method["none"].state == by_method["noise"].state == optuna.trial.TrialState.COMPLETE
     assert "deliberate failure" in by_method["explode"].user_attrs["fail_reason"]
     assert "ppl" in by_method["nan_weights"].user_attrs["fail_reason"] and "NaN" in by_method["nan_weights"].user_attrs["fail_reason"]
-    assert "timed out after 20 s" in by_method["hang"].user_attrs["fail_reason"]
+    assert "timed out after 10 s" in by_method["hang"].user_attrs["fail_reason"]
     runs = {r.data.tags["paretolab.trial_number"]: r for r in mlflow_trial_runs(tmp_path, "faults")}
     assert len(runs) == 5
     failed = runs[str(by_method["explode"].number)]
