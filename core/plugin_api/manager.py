@@ -49,6 +49,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.speculative",
     "paretolab.training.method",
     "paretolab.plugins.layer_dropout",
+    "paretolab.plugins.upipe",
     "paretolab.plugins.mup_upscale",
     "paretolab.plugins.norms",
     "paretolab.plugins.moe",

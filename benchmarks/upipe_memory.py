@@ -1,0 +1,127 @@
+"""UPipe's head-chunked attention against plain attention: one training step's memory and time, by context length.
+
+    python benchmarks/upipe_memory.py                          # scratch-5m, 2k/4k/8k tokens, batch 1
+    python benchmarks/upipe_memory.py --contexts 16384 --rounds 1 --out upipe_16k.json
+
+The model is built from its shape with random weights (a step's memory and time do not depend on the
+values). Per context and attention kernel (``sdpa``, PyTorch's fused attention, the scratch models' default;
+``eager``, transformers' plain matmul-softmax-matmul, which keeps the (heads, S, S) scores), two arms on the
+same model: plain attention, and ``upipe`` with one key/value head per chunk, recomputed in backward. For each:
+
+- ``saved_mb``: the activations one step saves for backward (the train stage's ``peak_act_mb``, saved-tensor hooks);
+- ``peak_mb``: the most bytes the step's tensors hold at once, forward and backward, gradients excluded
+  (:class:`paretolab.measure.live_memory.LiveTensorBytes`; scratch inside a fused kernel is not a tensor);
+- ``step_s``: median of ``--rounds`` timed steps (forward + backward), the two arms alternating, order flipped
+  each round, after one untimed warm-up step each; ``time_ratio`` is the median per-round ratio upipe / plain.
+
+A plain eager arm whose scores alone would not fit in half of the free memory is not run: its row says so, with
+the bytes it would need (that is the baseline running out of memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from paretolab.measure.live_memory import LiveTensorBytes
+from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.plugins.upipe import chunk_heads, chunking_off
+from paretolab.training.memory import saved_activations
+
+
+def free_bytes() -> int:
+    with open("/proc/meminfo", encoding="ascii") as info:
+        line = next(row for row in info if row.startswith("MemAvailable:"))
+    return int(line.split()[1]) * 1024
+
+
+def build(model_name: str, attn: str) -> torch.nn.Module:
+    from paretolab.models import load_subject
+
+    model = load_subject(model_name).model
+    model.config._attn_implementation = attn
+    chunk_heads(model, 1, recompute=True)
+    return model.train()
+
+
+def arm_memory(model: torch.nn.Module, step) -> dict[str, float]:
+    step()  # the gradients exist from here on: what is counted next is activations and workspace
+    with saved_activations(model) as saved:
+        step()
+    with LiveTensorBytes() as live:
+        step()
+    return {"saved_mb": saved.mb, "peak_mb": live.peak / 2**20}
+
+
+def run(model_name: str, contexts: list[int], batch: int, rounds: int) -> list[dict]:
+    rows = []
+    for attn in ("sdpa", "eager"):
+        model = build(model_name, attn)
+        cfg = model.config
+        for context in contexts:
+            ids = torch.randint(0, cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(context))
+
+            def step(ids: torch.Tensor = ids) -> None:
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+            row = {"attn": attn, "context": context, "batch": batch}
+            scores = batch * cfg.num_attention_heads * context * context * 4 * cfg.num_hidden_layers * 2  # probabilities + their grad, every layer
+            if attn == "eager" and scores > free_bytes() / 2:
+                row["plain"] = f"not run: its scores alone need {scores / 2**30:.1f} GiB, over half of the {free_bytes() / 2**30:.1f} GiB free"
+                row["upipe"] = arm_memory(model, step)
+                rows.append(row)
+                print(row, flush=True)
+                continue
+            with chunking_off(model):
+                row["plain"] = arm_memory(model, step)
+            row["upipe"] = arm_memory(model, step)
+            times = {"plain": [], "upipe": []}
+            for r in range(rounds):
+                for arm in ("upipe", "plain") if r % 2 == 0 else ("plain", "upipe"):
+                    with chunking_off(model) if arm == "plain" else nullcontext():
+                        t0 = time.perf_counter()
+                        step()
+                        times[arm].append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+            for arm in ("plain", "upipe"):
+                row[arm]["step_s"] = statistics.median(times[arm])
+            row["time_ratio"] = statistics.median(u / p for u, p in zip(times["upipe"], times["plain"], strict=True))
+            row["peak_ratio"] = row["upipe"]["peak_mb"] / row["plain"]["peak_mb"]
+            row["saved_ratio"] = row["upipe"]["saved_mb"] / row["plain"]["saved_mb"]
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="scratch-5m", help="a model name paretolab knows (default: scratch-5m)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 4096, 8192], help="tokens per sequence")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="timed steps per arm (alternating)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=Path("upipe_memory.json"))
+    args = parser.parse_args(argv)
+    with node_lock(), torch_threads(args.threads):
+        rows = run(args.model, args.contexts, args.batch, args.rounds)
+    report = {"model": args.model, "threads": args.threads or torch.get_num_threads(), "rows": rows}
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"{'attn':6s} {'context':>7s} {'plain peak':>11s} {'upipe peak':>11s} {'ratio':>6s} {'plain saved':>12s} {'upipe saved':>12s} {'time ratio':>10s}")
+    for row in rows:
+        plain = row["plain"]
+        if isinstance(plain, str):
+            print(f"{row['attn']:6s} {row['context']:7d} {'(' + plain + ')':>11s} {row['upipe']['peak_mb']:10.0f}M")
+            continue
+        print(f"{row['attn']:6s} {row['context']:7d} {plain['peak_mb']:10.0f}M {row['upipe']['peak_mb']:10.0f}M {row['peak_ratio']:6.2f} "
+              f"{plain['saved_mb']:11.0f}M {row['upipe']['saved_mb']:11.0f}M {row['time_ratio']:10.2f}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
