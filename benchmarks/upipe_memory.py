@@ -31,7 +31,7 @@ import torch
 
 from paretolab.measure.live_memory import LiveTensorBytes
 from paretolab.measure.timing import node_lock, torch_threads
-from paretolab.plugins.upipe import chunk_heads, chunking_off
+from paretolab.plugins.upipe import PAPER_SHAPES, Shape, attention_buffer_bytes, chunk_heads, chunking_off
 from paretolab.training.memory import saved_activations
 
 
@@ -94,6 +94,10 @@ def run(model_name: str, contexts: list[int], batch: int, rounds: int) -> list[d
             row["time_ratio"] = statistics.median(u / p for u, p in zip(times["upipe"], times["plain"], strict=True))
             row["peak_ratio"] = row["upipe"]["peak_mb"] / row["plain"]["peak_mb"]
             row["saved_ratio"] = row["upipe"]["saved_mb"] / row["plain"]["saved_mb"]
+            # the memory model on one device: plain attention saves every layer's q, k, v and output, upipe none of them
+            shape = Shape(cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads)
+            row["model_saved_drop_mb"] = shape.layers * batch * attention_buffer_bytes(shape, context, 1, element_bytes=4) / 2**20
+            row["measured_saved_drop_mb"] = row["plain"]["saved_mb"] - row["upipe"]["saved_mb"]
             rows.append(row)
             print(row, flush=True)
     return rows
@@ -120,6 +124,15 @@ def main(argv: list[str] | None = None) -> None:
             continue
         print(f"{row['attn']:6s} {row['context']:7d} {plain['peak_mb']:10.0f}M {row['upipe']['peak_mb']:10.0f}M {row['peak_ratio']:6.2f} "
               f"{plain['saved_mb']:11.0f}M {row['upipe']['saved_mb']:11.0f}M {row['time_ratio']:10.2f}")
+    print("\nthe multi-device memory model (a model, not a measurement): attention buffers per device while one layer runs,")
+    print("DeepSpeed-Ulysses on 8 devices vs UPipe at one query head per device per chunk, bf16")
+    for name, shape in PAPER_SHAPES.items():
+        for tokens in (2**20, 5 * 2**20):
+            ulysses, upipe = attention_buffer_bytes(shape, tokens, 8), attention_buffer_bytes(shape, tokens, 8, heads_per_chunk=1)
+            print(f"  {name:11s} {tokens / 2**20:.0f}M tokens: Ulysses {ulysses / 2**30:6.2f} GiB, UPipe {upipe / 2**30:6.2f} GiB ({1 - upipe / ulysses:.1%} less)")
+    report["model_8_devices"] = {name: {str(t): [attention_buffer_bytes(s, t, 8), attention_buffer_bytes(s, t, 8, heads_per_chunk=1)]
+                                        for t in (2**20, 5 * 2**20)} for name, s in PAPER_SHAPES.items()}
+    args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -162,6 +162,37 @@ class UPipe(Method):
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What the memory model needs of a decoder: layers, hidden size, query and key/value heads, head size."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+PAPER_SHAPES = {"llama3-8b": Shape(32, 4096, 32, 8, 128), "llama3-70b": Shape(80, 8192, 64, 8, 128)}
+
+
+def attention_buffer_bytes(shape: Shape, tokens: int, devices: int, heads_per_chunk: int | None = None, element_bytes: int = 2) -> int:
+    """A model, not a measurement: the attention buffers one device holds at once while one layer's attention runs
+    (or is recomputed) in DeepSpeed-Ulysses context parallelism over ``devices``, every layer's input checkpointed.
+
+    Ulysses: the device holds Q, K, V and the output of its ``heads/devices`` query heads (key/value heads replicated
+    when fewer than the devices) for every token, on both sides of the all-to-alls (one side on one device). UPipe:
+    the same for ``heads_per_chunk`` query heads, the chunk the device runs at a time; its ratio to Ulysses is
+    ``heads_per_chunk`` / (heads/devices), whatever the tokens. The layers' checkpointed inputs, the MLP and the
+    logits are the same for both and left out, so the saving on a device's whole peak is smaller than this ratio says.
+    """
+    heads = max(shape.heads // devices, 1)
+    kv_per_query = max(shape.kv_heads // devices, 1) / heads
+    held = heads if heads_per_chunk is None else min(heads_per_chunk, heads)
+    sides = 2 if devices > 1 else 1
+    return int(sides * tokens * held * shape.head_dim * (2 + 2 * kv_per_query) * element_bytes)  # q + out, k + v
+
+
+@dataclass(frozen=True)
 class ActMemoryOptions:
     seq_len: int = option(2048, low=2)  # tokens per sequence of the measured step
     batch: int = option(1, low=1)

@@ -85,3 +85,14 @@ class TestUPipeContract(MethodContract):
     @pytest.fixture
     def method(self) -> UPipe:
         return UPipe()
+
+
+def test_the_multi_device_model_at_the_papers_70b_shape():
+    from paretolab.plugins.upipe import PAPER_SHAPES, attention_buffer_bytes
+
+    shape, tokens = PAPER_SHAPES["llama3-70b"], 2**20  # 64 query heads, 8 key/value heads; 8 per device on 8 devices
+    ulysses = attention_buffer_bytes(shape, tokens, devices=8)
+    assert ulysses == 2 * tokens * 8 * 128 * (2 + 2 * 1 / 8) * 2  # both sides of the all-to-all, bf16: 9 GiB
+    assert attention_buffer_bytes(shape, tokens, devices=8, heads_per_chunk=1) == ulysses // 8
+    one_device = attention_buffer_bytes(PAPER_SHAPES["llama3-8b"], 4096, devices=1)
+    assert one_device == 4096 * 32 * 128 * (2 + 2 * 8 / 32) * 2  # no all-to-all
