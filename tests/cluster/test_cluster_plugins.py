@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from paretolab.cluster.localcluster import RayCluster
-from tests.cluster.test_cluster import wait_job
+from tests.cluster.test_cluster import job_logs, wait_job
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -42,13 +42,10 @@ def test_submit_ships_the_plugins_a_pipeline_uses(bare_cluster, testplugin_path,
         out = run_cli("submit", str(pipeline), "--address", bare_cluster.jobs_url, *extra, cwd=tmp_path, env=here)
         return out.stdout.strip().splitlines()[-1]
 
-    def logs(job_id: str) -> str:
-        return run_cli("jobs", "logs", job_id, "--address", bare_cluster.jobs_url, cwd=tmp_path, env=here).stdout
-
     unshipped = submit("--no-code")  # the cluster's own install: it has no `noise`
     assert wait_job(bare_cluster, unshipped, tmp_path) == "FAILED"
-    assert "unknown method 'noise'" in logs(unshipped)
+    assert "unknown method 'noise'" in job_logs(bare_cluster, unshipped)
 
     shipped = submit()
-    assert wait_job(bare_cluster, shipped, tmp_path) == "SUCCEEDED", logs(shipped)
-    assert "2 trial(s) completed, 0 failed" in logs(shipped)
+    assert wait_job(bare_cluster, shipped, tmp_path) == "SUCCEEDED", job_logs(bare_cluster, shipped)
+    assert "2 trial(s) completed, 0 failed" in job_logs(bare_cluster, shipped)
