@@ -95,6 +95,15 @@ results-training: $(DEV)  ## train the training-study pipelines (each trial <= 1
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
 
+# The seed rows built last (issue 35), each a study with its claims: UPipe's head-chunked attention on
+# one device (scratch-5m, 2,048 tokens, 3 paired seeds; ~20 min on 2 CPU cores); pipelines/SEED_ROWS.md from
+# the stored studies. The longer contexts: python benchmarks/upipe_memory.py.
+SEED_ROWS := upipe
+SEED_ROWS_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio
+results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, ...) and write pipelines/SEED_ROWS.md
+	for p in $(SEED_ROWS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report $(SEED_ROWS) --trials all --metrics $(SEED_ROWS_METRICS) --output pipelines/SEED_ROWS.md
+
 # The search's budget (issue 32): a learning-rate search on scratch-1m with a median pruner against
 # the same search run to the end (same 12 learning rates), plus the best rate's train-seed spread;
 # then the analytic benchmark of hypervolume per trial-step (random, TPE, median, ASHA; 5 seeds).
