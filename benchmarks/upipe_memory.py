@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from paretolab.measure.live_memory import LiveTensorBytes
-from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.measure.timing import node_lock, time_paired, torch_threads
 from paretolab.plugins.upipe import PAPER_SHAPES, Shape, attention_buffer_bytes, chunk_heads, chunking_off
 from paretolab.training.memory import saved_activations
 
@@ -81,17 +79,15 @@ def run(model_name: str, contexts: list[int], batch: int, rounds: int) -> list[d
             with chunking_off(model):
                 row["plain"] = arm_memory(model, step)
             row["upipe"] = arm_memory(model, step)
-            times = {"plain": [], "upipe": []}
-            for r in range(rounds):
-                for arm in ("upipe", "plain") if r % 2 == 0 else ("plain", "upipe"):
-                    with chunking_off(model) if arm == "plain" else nullcontext():
-                        t0 = time.perf_counter()
-                        step()
-                        times[arm].append(time.perf_counter() - t0)
+
+            def plain_step() -> None:
+                with chunking_off(model):
+                    step()
+
+            times = time_paired(step, plain_step, min_rounds=rounds, max_rounds=rounds, max_s=float("inf"), target=0.0)
             model.zero_grad(set_to_none=True)
-            for arm in ("plain", "upipe"):
-                row[arm]["step_s"] = statistics.median(times[arm])
-            row["time_ratio"] = statistics.median(u / p for u, p in zip(times["upipe"], times["plain"], strict=True))
+            row["plain"]["step_s"], row["upipe"]["step_s"] = statistics.median(times.base), statistics.median(times.method)
+            row["time_ratio"] = statistics.median(1 / r for r in times.ratios)  # per round, upipe / plain
             row["peak_ratio"] = row["upipe"]["peak_mb"] / row["plain"]["peak_mb"]
             row["saved_ratio"] = row["upipe"]["saved_mb"] / row["plain"]["saved_mb"]
             # the memory model on one device: plain attention saves every layer's q, k, v and output, upipe none of them

@@ -22,15 +22,17 @@ The train stage itself reports ``peak_act_mb`` (the activations saved for backwa
 attention and, on the same model with the chunking switched off, with plain attention: the peak bytes of the
 tensors each step holds at once, counted exactly on any device by :class:`paretolab.measure.live_memory.LiveTensorBytes`
 (parameter gradients exist before it counts, so the peak is activations and workspace), and the step time in
-rounds that alternate the two (order flipped each round), timed without the counting.
+rounds that alternate the two (order flipped each round; :func:`paretolab.measure.timing.time_paired` under the
+node's timing lock), timed without the counting.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import types
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.measure.measures import Measure
+from paretolab.measure.timing import node_lock, time_paired
 from paretolab.plugin_api.options import option, parse_options
 from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
@@ -222,8 +225,6 @@ class ActMemory(Measure):
     default = False
 
     def measure(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
-        import time
-
         if not isinstance(options, ActMemoryOptions):
             options = parse_options(ActMemoryOptions, options, where="measures.act_memory")
         model, device = subject.model, subject.device
@@ -241,21 +242,20 @@ class ActMemory(Measure):
             peak = step_peak_mb(step)  # counted once per arm (a step's tensors are the same every time), untimed
             with chunking_off(model):
                 plain = step_peak_mb(step)
-            times: dict[str, list[float]] = {"method": [], "plain": []}
-            for r in range(options.rounds):
-                for arm in ("method", "plain") if r % 2 == 0 else ("plain", "method"):
-                    with chunking_off(model) if arm == "plain" else nullcontext():
-                        sync(device)
-                        t0 = time.perf_counter()
-                        step()
-                        sync(device)
-                        times[arm].append(time.perf_counter() - t0)
+
+            def plain_step() -> None:
+                with chunking_off(model):
+                    step()
+
+            with node_lock():  # one timing at a time on this node, as every timing measure
+                times = time_paired(step, plain_step, min_rounds=options.rounds, max_rounds=options.rounds, max_s=math.inf, target=0.0,
+                                    sync=lambda: sync(device))
         finally:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
         return {"step_peak_mb": peak, "step_peak_mb_plain": plain, "step_peak_ratio": peak / plain if plain > 0 else float("nan"),
-                "step_ms": 1e3 * statistics.median(times["method"]),
-                "step_time_ratio": statistics.median(m / p for m, p in zip(times["method"], times["plain"], strict=True))}
+                "step_ms": 1e3 * statistics.median(times.method),
+                "step_time_ratio": statistics.median(1 / r for r in times.ratios)}  # per round, method time / plain time
 
 
 @hookimpl
