@@ -31,6 +31,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "assoc_recall": {"examples": 2, "batch_size": 2},
 }
 MEASURES: dict[str, dict[str, Any]] = {
+    "act_memory": {"seq_len": 32, "rounds": 1},
     "latency": {"prompt_tokens": 16, "new_tokens": 2, "repeats": 1, "warmup": 0},
     "depth_probe": {"max_tokens": 128, "seq_len": 64},
     "hidden_var": {"max_tokens": 128, "seq_len": 64},
