@@ -23,7 +23,7 @@ from tests.architecture import (
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 MAX_TOP_MODULES = 15
-SOURCE_DIRS = ("core", "plugins", "kernels", "pipelines", "dashboard", "tests", "benchmarks")
+SOURCE_DIRS = ("core", "plugins", "compute_kernels", "pipelines", "dashboard", "tests", "benchmarks")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,17 @@ def test_every_package_folder_is_installed() -> None:
     packages = {m for m, p in source_modules(ROOT).items() if p.name == "__init__.py"}
     assert packages <= listed, f"packages not in [tool.setuptools] packages: {sorted(packages - listed)}"
     assert set(package_dirs(ROOT)) <= listed
+
+
+def test_no_checkout_folder_shadows_an_installed_package() -> None:
+    """The checkout root is on sys.path under pytest and ``python -c``: a top-level folder named like an installed
+    package (``kernels/`` vs the ``kernels`` package transformers >=5.25 imports) breaks every import of it there."""
+    from importlib.metadata import packages_distributions
+
+    installed = packages_distributions()
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and ((p / "__init__.py").is_file() or any(p.glob("*.py")))}
+    clashes = {name: installed[name] for name in folders if name in installed and name != "tests"}
+    assert not clashes, f"checkout folders that shadow installed packages (rename the folder, keep the package-dir mapping): {clashes}"
 
 
 def test_modules_named_by_string_exist() -> None:

@@ -38,7 +38,7 @@ def check_paretolab_command(argv: list[str]) -> None:
 def test_the_dockerfile_copies_files_that_exist_and_installs_the_entrypoint():
     text = (DEPLOY / "Dockerfile").read_text()
     copies = re.findall(r"^COPY\s+(\S+)\s+\S+", text, flags=re.M)
-    assert {"core", "plugins", "kernels", "pipelines", "dashboard", "pyproject.toml"} <= set(copies)
+    assert {"core", "plugins", "compute_kernels", "pipelines", "dashboard", "pyproject.toml"} <= set(copies)
     for source in copies:
         assert (ROOT / source).exists(), source
     assert f"WORKDIR {IMAGE_WORKDIR}" in text

@@ -1,4 +1,4 @@
-"""MACKO SpMV on the CPU by the C kernel (``kernels/_macko_cpu.c``), the PyTorch path where it is not built.
+"""MACKO SpMV on the CPU by the C kernel (``compute_kernels/_macko_cpu.c``), the PyTorch path where it is not built.
 
 ``macko_spmv_cpu(fmt, x)`` computes ``M @ x`` for ``x`` of shape (cols,) or (..., cols) straight
 from the format's buffers: values widened from fp16/bf16 to fp32 in registers, x and the sums in

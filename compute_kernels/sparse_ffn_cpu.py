@@ -1,4 +1,4 @@
-"""The one-token FFN of a ReLU-gated GLU on the CPU, reading only active units' weights (C: ``kernels/_sparse_ffn_cpu.c``).
+"""The one-token FFN of a ReLU-gated GLU on the CPU, reading only active units' weights (C: ``compute_kernels/_sparse_ffn_cpu.c``).
 
 ``sparse_ffn_cpu(x, gate_w, up_w, down_t, act)`` returns ``down(act(x W_gate) * (x W_up))`` for one
 token ``x`` (any shape with H elements): every row of ``gate_w`` (I, H) is read (which units are

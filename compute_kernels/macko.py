@@ -22,7 +22,7 @@ __all__ = ["ALIGN", "DELTA_BITS", "MAX_DELTA", "VALUE_DTYPES", "MackoMatrix", "d
 
 
 def macko_spmv_triton(fmt: MackoMatrix, x: torch.Tensor) -> torch.Tensor:
-    """y = M @ x by the Triton kernel (``kernels/macko_triton.py``); same signature as the reference."""
+    """y = M @ x by the Triton kernel (``compute_kernels/macko_triton.py``); same signature as the reference."""
     from paretolab.kernels.macko_triton import macko_spmv_triton as kernel
 
     return kernel(fmt, x)
