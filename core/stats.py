@@ -56,6 +56,7 @@ class Samples:
     weights: np.ndarray
     exp: bool  # the metric is exp(weighted mean), e.g. perplexity from per-window NLL
     unit: str
+    root: bool = False  # the metric is sqrt(weighted mean), e.g. RMSE from per-row squared errors
 
     @property
     def n(self) -> int:
@@ -65,20 +66,28 @@ class Samples:
         """The metric on all units, or on each row of resampled unit indices ``idx`` (B, n)."""
         if idx is None:
             mean = float(np.sum(self.values * self.weights) / np.sum(self.weights))
-            return math.exp(mean) if self.exp else mean
+            return math.exp(mean) if self.exp else math.sqrt(mean) if self.root else mean
         mean = np.sum(self.values[idx] * self.weights[idx], axis=1) / np.sum(self.weights[idx], axis=1)
-        return np.exp(mean) if self.exp else mean
+        return np.exp(mean) if self.exp else np.sqrt(mean) if self.root else mean
+
+
+# Metrics stored as something else per unit: ppl = exp(mean nll), rmse = sqrt(mean squared error).
+DERIVED = {"ppl": ("nll", "exp"), "rmse": ("sq_err", "root")}
+# Keys the learner tasks (tabular, sequence) wrote before their per-row scores were named after their metrics.
+LEGACY_KEYS = {"acc": "correct", "log_loss": "nll"}
 
 
 def samples(payload: dict[str, Any], metric: str) -> Samples | None:
     """``metric``'s per-unit scores from a ``per_example.json`` payload; None when it has none."""
     scores = payload.get("scores", {})
-    key, exp = ("nll", True) if metric == "ppl" else (metric, False)
-    if key not in scores or not scores[key]:
+    key, how = DERIVED.get(metric, (metric, ""))
+    if not scores.get(key) and metric in LEGACY_KEYS and payload.get("unit") == "row":
+        key = LEGACY_KEYS[metric]
+    if not scores.get(key):
         return None
     values = np.asarray(scores[key], dtype=float)
     weights = np.asarray(payload.get("weights") or [1.0] * len(values), dtype=float)
-    return Samples(values, weights, exp, str(payload.get("unit", "example")))
+    return Samples(values, weights, how == "exp", str(payload.get("unit", "example")), root=how == "root")
 
 
 def bootstrap_interval(s: Samples, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> tuple[float, float]:

@@ -71,3 +71,18 @@ def test_paired_difference_of_identical_scores_is_within_noise_and_needs_the_sam
     d = paired_difference(a, a)
     assert d is not None and d.diff == 0 and d.within_noise
     assert paired_difference(a, bernoulli([1.0, 0.0])) is None
+
+
+def test_a_learner_tasks_per_row_scores_resample_its_own_metrics():
+    """rmse is the root of the mean squared error (resampled as such); acc and log_loss are read under their own
+    names, and rows a tabular or sequence trial stored before that (``correct``, ``nll``) still are."""
+    rng = np.random.default_rng(0)
+    sq = rng.random(200) ** 2
+    rmse = samples(json.loads(per_example_json("row", {"sq_err": sq.tolist()})), "rmse")
+    assert rmse is not None and rmse.value() == pytest.approx(math.sqrt(sq.mean()))
+    low, high = bootstrap_interval(rmse)
+    assert low < math.sqrt(sq.mean()) < high and high < math.sqrt(sq.max())
+    hits = (rng.random(50) > 0.3).astype(float).tolist()
+    legacy = json.loads(per_example_json("row", {"nll": [0.5] * 50, "correct": hits}))
+    assert samples(legacy, "acc").value() == pytest.approx(np.mean(hits)) and samples(legacy, "log_loss").value() == 0.5
+    assert samples(json.loads(per_example_json("window", {"nll": [0.5]})), "log_loss") is None  # a perplexity window is no row

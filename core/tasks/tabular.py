@@ -93,54 +93,75 @@ def load_tabular(options: TabularOptions) -> TabularData:
     return TabularData(xs, {k: y[i].astype(np.int64) for k, i in parts.items()}, int(y.max()) + 1)
 
 
-class Tabular(Task):
-    """Fit the subject's learner on a tabular data set and score its test predictions."""
+class LearnerTask(Task):
+    """Fit the subject's learner (put there by a method stage) on a data set and score its test predictions."""
 
-    name = "tabular"
     metrics = ("acc", "log_loss", "log_loss_ci_low", "log_loss_ci_high", "rmse", "rmse_ci_low", "rmse_ci_high",
                "fit_flops", "train_cpu_s", "fit_s", "models_trained", "ensemble_size")
-    options = TabularOptions
+    learners = ""  # the methods that put a learner on the subject, for the error message
 
-    def evaluate(self, subject: Subject, options: TabularOptions, ctx: TrialContext) -> dict[str, float]:
+    def load(self, options: Any) -> TabularData:
+        raise NotImplementedError
+
+    def evaluate(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
         import time
 
         learner = subject.info.get("learner")
         if learner is None:
-            raise ConfigError("task tabular: no learner; add a tabular stage (method tabpack, tuned_mlp, hgb or tabm)")
-        data = load_tabular(options)
+            raise ConfigError(f"task {self.name}: no learner; add a {self.name} stage (method {self.learners})")
+        data = self.load(options)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         fit = learner.fit_predict(data, seed=ctx.seed, device=subject.device)
         metrics = {"train_cpu_s": time.process_time() - cpu0, "fit_s": time.perf_counter() - wall0,
                    "models_trained": float(fit.models_trained), "ensemble_size": float(fit.ensemble_size), **fit.extra}
         if fit.fit_flops is not None:
             metrics["fit_flops"] = float(fit.fit_flops)
-        y = data.y["test"]
-        if data.regression:
-            err = ((fit.test_pred.reshape(-1) - y) * data.y_scale) ** 2
-            metrics["rmse"] = float(np.sqrt(err.mean()))
-            low, high = bootstrap_interval(Samples(err, np.ones_like(err), False, "row"))
-            metrics["rmse_ci_low"], metrics["rmse_ci_high"] = float(np.sqrt(low)), float(np.sqrt(high))
-            ctx.add_artifact(ARTIFACT, per_example_json("row", {"sq_err": err.tolist()}))
-            return metrics
-        prob = np.clip(fit.test_pred, 1e-12, 1.0)
-        nll = -np.log(prob[np.arange(len(y)), y])
-        metrics["acc"] = float((prob.argmax(1) == y).mean())
-        metrics["log_loss"] = float(nll.mean())
-        low, high = bootstrap_interval(Samples(nll, np.ones_like(nll), False, "row"))
-        metrics["log_loss_ci_low"], metrics["log_loss_ci_high"] = float(low), float(high)
-        ctx.add_artifact(ARTIFACT, per_example_json("row", {"nll": nll.tolist(), "correct": (prob.argmax(1) == y).astype(float).tolist()}))
+        return {**metrics, **score_fit(data, fit, ctx)}
+
+
+class Tabular(LearnerTask):
+    """Fit the subject's learner on a tabular data set and score its test predictions."""
+
+    name = "tabular"
+    options = TabularOptions
+    learners = "tabpack, tuned_mlp, hgb or tabm"
+
+    def load(self, options: TabularOptions) -> TabularData:
+        return load_tabular(options)
+
+
+def score_fit(data: TabularData, fit: Fit, ctx: TrialContext) -> dict[str, float]:
+    """Test scores of a learner's predictions, with 95 % bootstrap intervals over the test rows (or sequences):
+    RMSE in the target's units for regression, accuracy and log-loss for classification; the per-row losses as the artifact."""
+    metrics: dict[str, float] = {}
+    y = data.y["test"]
+    if data.regression:
+        err = ((fit.test_pred.reshape(-1) - y) * data.y_scale) ** 2
+        metrics["rmse"] = float(np.sqrt(err.mean()))
+        low, high = bootstrap_interval(Samples(err, np.ones_like(err), False, "row", root=True))
+        metrics["rmse_ci_low"], metrics["rmse_ci_high"] = low, high
+        ctx.add_artifact(ARTIFACT, per_example_json("row", {"sq_err": err.tolist()}))
         return metrics
+    prob = np.clip(fit.test_pred, 1e-12, 1.0)
+    nll = -np.log(prob[np.arange(len(y)), y])
+    metrics["acc"] = float((prob.argmax(1) == y).mean())
+    metrics["log_loss"] = float(nll.mean())
+    low, high = bootstrap_interval(Samples(nll, np.ones_like(nll), False, "row"))
+    metrics["log_loss_ci_low"], metrics["log_loss_ci_high"] = float(low), float(high)
+    ctx.add_artifact(ARTIFACT, per_example_json("row", {"log_loss": nll.tolist(), "acc": (prob.argmax(1) == y).astype(float).tolist()}))
+    return metrics
 
 
 class TabularSlot(torch.nn.Module):
-    """The model of a tabular subject before a learner fits: nothing yet (one empty parameter gives it a device)."""
+    """The model of a learner subject (tabular, sequence) before a learner fits: nothing yet (one empty parameter gives it a device)."""
 
-    def __init__(self) -> None:
+    def __init__(self, task: str = "tabular") -> None:
         super().__init__()
+        self.task = task
         self.anchor = torch.nn.Parameter(torch.zeros(0, device="cpu"), requires_grad=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a tabular subject has no language model; use the tabular task")
+        raise RuntimeError(f"a {self.task} subject has no language model; use the {self.task} task")
 
 
 class TabularSource(ModelSource):
