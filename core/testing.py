@@ -122,8 +122,8 @@ def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None
     """The trial settings the contract runs a method under: perplexity, and a generation task for decoding methods."""
     from paretolab.records import TrialSettings
 
-    if method.kind == "tabular":  # no language model: only the tabular task runs
-        return [TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, measures, seed=0)]
+    if method.kind in LEARNER_CONTRACT_TASKS:  # no language model: only the kind's own task runs (it fits the learner)
+        return [TrialSettings("contract", method.kind, LEARNER_CONTRACT_TASKS[method.kind], measures, seed=0)]
     settings = [TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, measures, seed=0)]
     if method.kind == "decoding":  # a decoding method also runs under a generation task, whose stats it may feed
         settings.append(TrialSettings("contract", "arithmetic", {"limit": 2, "max_new_tokens": 8}, measures, seed=0))
@@ -148,7 +148,9 @@ def contract_roles(method: Method, subject: Subject) -> dict[str, Subject]:
 
 
 CODING_CONTRACT_TASK = {"n_texts": 1, "text_chars": 48}
-TABULAR_CONTRACT_TASK = {"dataset": "synth-class", "rows": 400}
+# Methods that put a learner on a subject with no language model: kind -> the contract's task options (the task is named as the kind).
+LEARNER_CONTRACT_TASKS = {"tabular": {"dataset": "synth-class", "rows": 400},
+                          "sequence": {"dataset": "regimes", "sequences": 120, "length": 12}}
 
 
 @contextmanager
@@ -322,27 +324,31 @@ class MethodContract:
         )
 
 
-class TabularMethodContract(MethodContract):
-    """The contract for ``tabular`` methods: the subject is the tokenizer-free ``tabular`` slot and the
-    checks that read a language model's logits read the tabular task's metrics instead.
+class LearnerMethodContract(MethodContract):
+    """The contract for methods that put a learner on a subject with no language model (kinds ``tabular``,
+    ``sequence``): the subject is the kind's empty slot and the checks that read a language model's logits
+    read the task's metrics instead (the task trains the learner for real).
 
-    Override ``method`` (and ``params`` to keep budgets small: the task trains for real).
+    Override ``method`` (and ``params`` to keep budgets small); ``timed`` names metrics that are wall-clock
+    timings, left out where two runs are compared.
     """
 
-    @pytest.fixture
-    def subject(self) -> Subject:
-        from paretolab.tasks.tabular import TabularSource
+    timed: ClassVar[tuple[str, ...]] = ()
 
-        return TabularSource().load()
+    @pytest.fixture
+    def subject(self, method: Method) -> Subject:
+        from paretolab.models.lookup import resolve_model
+
+        return resolve_model(method.kind).load()
 
     def _metrics(self, method: Method, subject: Subject, params: dict[str, Any], seed: int = 0) -> dict[str, float]:
         from paretolab.records import StagePlan, TrialSettings
         from paretolab.study.trial import run_trial
 
-        settings = TrialSettings("contract", "tabular", TABULAR_CONTRACT_TASK, {}, seed=seed)
+        settings = TrialSettings("contract", method.kind, LEARNER_CONTRACT_TASKS[method.kind], {}, seed=seed)
         result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
         assert not result.failed, result.traceback
-        return {k: v for k, v in result.metrics.items() if not k.endswith("_s") and k not in ("peak_rss_mb", "energy_j")}
+        return {k: v for k, v in result.metrics.items() if not k.endswith("_s") and k not in ("peak_rss_mb", "energy_j", *self.timed)}
 
     def test_transform_leaves_a_runnable_model(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         out = method.transform(subject.copy(), dict(params), ctx)

@@ -75,6 +75,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.pmatic",
     "paretolab.tasks.tabular",
     "paretolab.plugins.tabpack",
+    "paretolab.tasks.sequence",
+    "paretolab.plugins.coda",
 )
 
 

@@ -13,7 +13,7 @@ from paretolab.plugins.tabpack import HGB, TabM, TabPack, TunedMLP
 from paretolab.plugins.tabpack.ensemble import ensemble_loss, greedy_ensemble
 from paretolab.plugins.tabpack.pack import MemberConfig, PackedMLP, member_seeds, train_pack
 from paretolab.tasks.tabular import TabularOptions, load_tabular
-from paretolab.testing import TabularMethodContract
+from paretolab.testing import LearnerMethodContract
 
 CPU = torch.device("cpu")
 
@@ -91,7 +91,7 @@ def test_regression_data_reports_rmse_in_target_units() -> None:
         load_tabular(TabularOptions(dataset="nope"))
 
 
-class TestTabPackContract(TabularMethodContract):
+class TestTabPackContract(LearnerMethodContract):
     @pytest.fixture
     def method(self) -> TabPack:
         return TabPack()
@@ -101,7 +101,7 @@ class TestTabPackContract(TabularMethodContract):
         return {"members": 3, "epochs": 3, "patience": 1}
 
 
-class TestTunedMLPContract(TabularMethodContract):
+class TestTunedMLPContract(LearnerMethodContract):
     @pytest.fixture
     def method(self) -> TunedMLP:
         return TunedMLP()
@@ -111,7 +111,7 @@ class TestTunedMLPContract(TabularMethodContract):
         return {"trials": 2, "epochs": 2, "patience": 1}
 
 
-class TestHGBContract(TabularMethodContract):
+class TestHGBContract(LearnerMethodContract):
     @pytest.fixture
     def method(self) -> HGB:
         return HGB()
@@ -121,7 +121,7 @@ class TestHGBContract(TabularMethodContract):
         return {"max_iter": 10}
 
 
-class TestTabMContract(TabularMethodContract):
+class TestTabMContract(LearnerMethodContract):
     @pytest.fixture
     def method(self) -> TabM:
         return TabM()
