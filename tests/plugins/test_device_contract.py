@@ -47,6 +47,9 @@ CHEAP: dict[str, dict[str, Any]] = {
     "tuned_mlp": {"trials": 2, "epochs": 2, "patience": 1},
     "tabm": {"k": 2, "epochs": 2, "patience": 1},
     "hgb": {"max_iter": 10},
+    # sequence networks train for real on the contract's 120 short sequences: small, one epoch, short timings
+    "ltc": {"units": 4, "unfolds": 2, "epochs": 1, "timing_s": 0.2},
+    "coda": {"units": 4, "latent": 2, "epochs": 1, "timing_s": 0.2},
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},
 }
 
