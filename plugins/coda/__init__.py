@@ -66,7 +66,7 @@ class CoDAMethod(_Sequence):
 
     name = "coda"
     arch = "coda"
-    paper = Paper("CoDA: Continuous Depth Acceleration via Mori-Zwanzig/Koopman operators", "ICML 2026",
+    paper = Paper("Continuous Depth Acceleration (CoDA): continuous-depth layers replaced via Mori-Zwanzig/Koopman theory", "ICML 2026",
                   "https://github.com/ImpactLabASU/CoDA-ICML2026")
 
     def search_space(self) -> dict[str, Any]:
