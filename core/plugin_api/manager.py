@@ -31,6 +31,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.multiple_choice",
     "paretolab.tasks.generation",
     "paretolab.tasks.retrieval",
+    "paretolab.tasks.lambada",
     "paretolab.tasks.assoc_recall",
     "paretolab.measure.measures",
     "paretolab.models.lookup",

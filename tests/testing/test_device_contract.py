@@ -29,6 +29,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "qa": {"dataset": "{tmp}/gsm8k.jsonl", "limit": 1, "max_new_tokens": 4, "shots": 1},
     "kv_retrieval": {"path": "{tmp}/kv.jsonl", "limit": 1, "max_new_tokens": 4},
     "assoc_recall": {"examples": 2, "batch_size": 2},
+    "lambada": {"source": "builtin", "limit": 2},
 }
 MEASURES: dict[str, dict[str, Any]] = {
     "act_memory": {"seq_len": 32, "rounds": 1},
