@@ -78,6 +78,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.tabpack",
     "paretolab.tasks.sequence",
     "paretolab.plugins.coda",
+    "paretolab.plugins.omnisift_text",
 )
 
 
