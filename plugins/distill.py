@@ -142,7 +142,7 @@ class KDHook(_WindowHook):
 
     def loss(self, model: torch.nn.Module, batch: torch.Tensor, state: Any) -> torch.Tensor:
         rows = self.windows.rows
-        logits = model(input_ids=batch[:, :-1]).logits
+        logits = model(input_ids=batch[:, :-1], use_cache=False).logits
         values = self.values[rows].to(batch.device)
         indices = self.indices[rows].to(batch.device)
         return kd_loss(logits, batch[:, 1:], values, indices, tau=self.tau, alpha=self.alpha)

@@ -109,8 +109,9 @@ def reinitialise(model: torch.nn.Module, seed: int) -> None:
 
 
 def _default_loss(model: torch.nn.Module, batch: torch.Tensor, state: TrainState) -> torch.Tensor:
-    """Next-token cross-entropy over the window."""
-    logits = model(input_ids=batch[:, :-1]).logits
+    """Next-token cross-entropy over the window (no KV cache: training has no later step to serve, and a method that
+    swaps attention, UPipe's head chunks say, hands forwards with a cache back to the model's own attention)."""
+    logits = model(input_ids=batch[:, :-1], use_cache=False).logits
     return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
@@ -122,7 +123,7 @@ def heldout_nll(model: torch.nn.Module, windows: torch.Tensor, *, batch: int, de
     total, count = 0.0, 0
     for i in range(0, windows.shape[0], batch):
         chunk = windows[i : i + batch].to(device)
-        logits = model(input_ids=chunk[:, :-1]).logits.float()
+        logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()
         total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"))
         count += chunk[:, 1:].numel()
     model.train(was_training)

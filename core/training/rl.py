@@ -109,7 +109,7 @@ class GRPOHook(TrainingHook):
 
     def loss(self, model: torch.nn.Module, batch: torch.Tensor, state: Any) -> torch.Tensor:
         cur = self.current
-        logits = model(input_ids=batch[:, :-1]).logits.float() / self.opts.temperature
+        logits = model(input_ids=batch[:, :-1], use_cache=False).logits.float() / self.opts.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         new_logp = logp_all.gather(-1, batch[:, 1:, None]).squeeze(-1)
         mask = cur["mask"]
@@ -146,7 +146,7 @@ def evaluate_policy(subject: Subject, opts: RLOptions, rollouts: Rollouts) -> di
     total, count = 0.0, 0
     for prompt, seq in zip(prompts, sampled.sequences, strict=True):
         ids = torch.tensor([prompt + seq], dtype=torch.long, device=subject.device)
-        logits = model(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1 :].float() / opts.temperature
+        logits = model(input_ids=ids[:, :-1], use_cache=False).logits[0, len(prompt) - 1 :].float() / opts.temperature
         total += float(token_entropy(logits).sum())
         count += logits.shape[0]
     model.train(was_training)

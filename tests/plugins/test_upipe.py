@@ -62,6 +62,23 @@ def test_chunked_attention_holds_less_memory_in_a_training_step(tiny):
     assert plain - chunked > model.config.num_hidden_layers * scores  # no layer holds its scores until backward (measured: 19.7 -> 10.2 MB)
 
 
+def test_the_train_stage_trains_with_the_chunks_saving_less_and_counting_the_recompute(tiny, tmp_path):
+    """The study's path: a train stage after upipe runs the chunked attention (its forwards carry no KV cache, which
+    would hand them back to the model's own attention): less saved for backward, the recomputed forward counted."""
+    from paretolab.plugin_api.manager import registries
+    from tests.training.conftest import make_ctx
+
+    tiny.model.config._attn_implementation = "eager"
+    params = {"tokens": 1024, "seq_len": 128, "batch": 2, "eval_every": 4, "eval_tokens": 256, "corpus": "pystdlib-train"}
+    train = registries().methods.get("train")
+    plain = train.transform(tiny.copy(), params, make_ctx(tmp_path / "plain")).training.metrics
+    chunked_subject = UPipe().transform(tiny.copy(), {"kv_heads_per_chunk": 1}, make_ctx(tmp_path / "u0"))
+    chunked = train.transform(chunked_subject, params, make_ctx(tmp_path / "upipe")).training.metrics
+    assert chunked["peak_act_mb"] < plain["peak_act_mb"]
+    assert chunked["train_flops"] > plain["train_flops"]  # each chunk's forward runs again in backward
+    assert chunked["val_loss"] == pytest.approx(plain["val_loss"], rel=1e-4)
+
+
 def test_the_measure_reports_both_arms_on_the_same_model(tiny, ctx):
     chunk_heads(tiny.model, 1)
     tiny.model.config._attn_implementation = "eager"
