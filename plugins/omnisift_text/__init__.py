@@ -75,8 +75,8 @@ class OmniSiftText(Method):
 
     def defaults(self) -> dict[str, Any]:
         # the learned selector's training (steps, batch, lr, hidden, tau, train_context, max_train_s) is set, not searched
-        return {"selector": "learned", "keep": 0.25, "protect_last": 4, "window": 8, "steps": 60, "batch": 4, "lr": 0.01,
-                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 330.0, "train_source": "task"}
+        return {"selector": "learned", "keep": 0.25, "protect_last": 4, "window": 8, "steps": 80, "batch": 4, "lr": 0.02,
+                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 420.0, "train_source": "task"}
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {"seed": None, **self.defaults(), **params}
@@ -94,7 +94,7 @@ class OmniSiftText(Method):
             trained = train_selector(subject.model, subject.tokenizer, settings, model_key=model_fingerprint(subject.model, subject.model_name))
             selection.net = trained.net
             info.update(selector_params=trained.net.n_params(), train_source=settings.source,
-                        **{f"train_{k}": v for k, v in trained.meta.items()})
+                        **{f"train_{k}": v for k, v in trained.meta.items() if k != "losses"})
         subject.generator = CompressingGenerator(selection)
         subject.info["omnisift_text"] = info
         if "train_cached" in info:

@@ -63,7 +63,7 @@ class TrainSettings:
 @dataclass
 class Trained:
     net: TokenSelector
-    meta: dict[str, Any]  # train_s, train_flops, steps, first_loss, last_loss, cached
+    meta: dict[str, Any]  # train_s, train_flops, steps, first_loss, last_loss, losses (per step), cached
 
 
 def straight_through_mask(scores: torch.Tensor, k: int, protect_last: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +131,7 @@ def _train(net: TokenSelector, model: torch.nn.Module, tokenizer: Any, settings:
             p.requires_grad_(flag)
     net.eval()
     return {"train_s": time.perf_counter() - start, "train_flops": flops, "steps": len(losses),
-            "first_loss": losses[0], "last_loss": sum(losses[-5:]) / len(losses[-5:])}
+            "first_loss": losses[0], "last_loss": sum(losses[-5:]) / len(losses[-5:]), "losses": [round(v, 4) for v in losses]}
 
 
 def _step_loss(net: TokenSelector, model: torch.nn.Module, examples: list[tuple[list[int], list[int]]], width: int,
