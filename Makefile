@@ -105,7 +105,7 @@ results-training: $(DEV)  ## train the training-study pipelines (each trial <= 1
 # generated forecasting and a generated classification task (3 paired seeds each; ~12 min each, one trial
 # at a time); pipelines/SEED_ROWS.md from the stored studies. The longer contexts: python benchmarks/upipe_memory.py.
 SEED_ROWS := upipe coda coda_regimes omnisift_text
-SEED_ROWS_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio,rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run,prefill_flops_ratio,context_kept_frac,prefill_ms,selector_train_s,selector_params
+SEED_ROWS_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio,rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run,prefill_flops_ratio,context_kept_frac,prefill_ms,prefill_speedup,selector_train_s,selector_params
 results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, ...) and write pipelines/SEED_ROWS.md
 	for p in $(SEED_ROWS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(SEED_ROWS) --trials all --metrics $(SEED_ROWS_METRICS) --output pipelines/SEED_ROWS.md

@@ -20,8 +20,9 @@ training forward equals the forward of the compressed prompt (tested).
 first, or loading it from the cache); generation tasks then decode compressed prompts. Selectors
 (``selector``), their scores and scoring FLOPs: :mod:`.selection`. Reported: ``context_kept_frac``,
 ``prefill_flops_ratio`` (scoring + compressed prefill ÷ full prefill, means over the prompts; the
-lambada task also stores them per example), ``selector_params``, and for ``learned`` the training's
-``selector_train_s``, ``selector_train_flops`` (``paretolab.training.flops``), steps and loss.
+lambada task also stores them per example), ``selector_params``, for ``learned`` the training's
+``selector_train_s``, ``selector_train_flops`` (``paretolab.training.flops``), steps and loss, and
+``prefill_speedup`` (``measure``: :mod:`.timing`, paired against the unmodified model).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from paretolab.plugin_api.subject import Subject
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.omnisift_text.generator import CompressingGenerator
 from paretolab.plugins.omnisift_text.selection import SELECTORS, Selection
+from paretolab.plugins.omnisift_text.timing import measure_prefill
 from paretolab.plugins.omnisift_text.train import TrainSettings, model_fingerprint, train_selector
 from paretolab.tasks.lambada import PREFILL_STATS, SOURCES
 
@@ -59,7 +61,8 @@ class OmniSiftText(Method):
     """Compress each prompt to ``keep`` of its tokens with a selector (learned or training-free), then decode it greedily."""
 
     name = "omnisift_text"
-    metrics = (*PREFILL_STATS, *(m.name for m in METRICS))  # the first two are registered by the lambada task
+    # the first two are registered by the lambada task, prefill_speedup by the latency measure (the same meaning: base ÷ method)
+    metrics = (*PREFILL_STATS, "prefill_speedup", *(m.name for m in METRICS))
     kind = "decoding"
     paper = PAPER
     cost_is = "real"  # fewer tokens really enter prefill
@@ -76,7 +79,8 @@ class OmniSiftText(Method):
     def defaults(self) -> dict[str, Any]:
         # the learned selector's training (steps, batch, lr, hidden, tau, train_context, max_train_s) is set, not searched
         return {"selector": "learned", "keep": 0.25, "protect_last": 4, "window": 8, "steps": 80, "batch": 4, "lr": 0.02,
-                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 420.0, "train_source": "task"}
+                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 420.0, "train_source": "task",
+                "timing_rounds": 5}  # paired prefill timings against the unmodified model in `measure` (0: none)
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {"seed": None, **self.defaults(), **params}
@@ -96,6 +100,7 @@ class OmniSiftText(Method):
             info.update(selector_params=trained.net.n_params(), train_source=settings.source,
                         **{f"train_{k}": v for k, v in trained.meta.items() if k != "losses"})
         subject.generator = CompressingGenerator(selection)
+        info.update(timing_rounds=int(p["timing_rounds"]), timing_source=_train_source("task", ctx))
         subject.info["omnisift_text"] = info
         if "train_cached" in info:
             subject.info["omnisift_text_selector_cached"] = bool(info["train_cached"])  # a scalar: kept with the trial's info
@@ -115,6 +120,12 @@ class OmniSiftText(Method):
         return out
 
 
+    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
+        """``prefill_speedup``: time to the first token of one fixed LAMBADA prompt, unmodified ÷ compressed (paired)."""
+        info = subject.info.get("omnisift_text", {})
+        return measure_prefill(subject, ctx, int(info.get("timing_rounds", 0)), str(info.get("timing_source", "builtin")))
+
+
 def _checked(p: dict[str, Any]) -> str:
     """The selector name, after every parameter was checked (a ConfigError names the field, the value and the fix)."""
     selector = str(p["selector"])
@@ -125,6 +136,8 @@ def _checked(p: dict[str, Any]) -> str:
     if int(p["protect_last"]) < 1:
         raise ConfigError(f"omnisift_text.protect_last: {p['protect_last']!r} is out of range; give >= 1 (the last token "
                           "predicts the next one and always enters prefill)")
+    if int(p["timing_rounds"]) < 0:
+        raise ConfigError(f"omnisift_text.timing_rounds: {p['timing_rounds']!r} is out of range; give >= 0 (0 times nothing)")
     for key in ("window", "steps", "batch", "hidden", "train_context"):
         if int(p[key]) < 1:
             raise ConfigError(f"omnisift_text.{key}: {p[key]!r} is out of range; give an integer >= 1")

@@ -215,6 +215,7 @@ def test_the_lambada_trial_reports_accuracy_and_the_per_example_costs(tiny):
     assert not result.failed, result.traceback
     assert result.metrics["n_examples"] == 3 and 0.0 <= result.metrics["acc"] <= 1.0
     assert 0.2 < result.metrics["context_kept_frac"] < 0.3 and result.metrics["prefill_flops_ratio"] < 0.3
+    assert result.metrics["prefill_speedup"] > 0  # paired against the unmodified model (measure)
     payload = json.loads(result.artifacts["per_example.json"])
     assert len(payload["scores"]["acc"]) == 3 and len(payload["scores"]["prefill_flops_ratio"]) == 3
     assert sum(payload["scores"]["prefill_flops_ratio"]) / 3 == pytest.approx(result.metrics["prefill_flops_ratio"])
