@@ -119,7 +119,6 @@ class OmniSiftText(Method):
                        selector_train_steps=float(info["train_steps"]), selector_train_loss=float(info["train_last_loss"]))
         return out
 
-
     def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
         """``prefill_speedup``: time to the first token of one fixed LAMBADA prompt, unmodified ÷ compressed (paired)."""
         info = subject.info.get("omnisift_text", {})
