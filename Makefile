@@ -100,15 +100,20 @@ results-training: $(DEV)  ## train the training-study pipelines (each trial <= 1
 	for p in $(TRAINING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(TRAINING) --trials all --metrics $(TRAINING_METRICS) --output pipelines/TRAINING.md
 
-# The seed rows built last (issue 35), each a study with its claims: UPipe's head-chunked attention on
-# one device (scratch-5m, 2,048 tokens, 3 paired seeds; ~20 min on 2 CPU cores); CoDA against an LTC on a
-# generated forecasting and a generated classification task (3 paired seeds each; ~12 min each, one trial
-# at a time); pipelines/SEED_ROWS.md from the stored studies. The longer contexts: python benchmarks/upipe_memory.py.
-SEED_ROWS := upipe coda coda_regimes omnisift_text
-SEED_ROWS_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio,rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run,prefill_flops_ratio,context_kept_frac,prefill_ms,prefill_speedup,selector_train_s,selector_params
-results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, ...) and write pipelines/SEED_ROWS.md
-	for p in $(SEED_ROWS); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
-	$(BIN)/paretolab report $(SEED_ROWS) --trials all --metrics $(SEED_ROWS_METRICS) --output pipelines/SEED_ROWS.md
+# The seed rows built last (issue 35), each a study with its claims and a results document of its own (so one can be
+# rerun without the others' stores): UPipe's head-chunked attention on one device (scratch-5m, 2,048 tokens, 3 paired
+# seeds; ~5 min on 2 idle CPU cores) into pipelines/UPIPE.md; CoDA against an LTC on a generated forecasting and a
+# generated classification task (3 paired seeds each; ~12 min each, one trial at a time) into pipelines/SEED_ROWS.md;
+# OmniSIFT's text analog on SmolLM2 and LAMBADA (16 trials) into pipelines/OMNISIFT.md. Run one trial at a time on
+# an otherwise idle machine: their time claims are paired across trials. The longer contexts: python benchmarks/upipe_memory.py.
+UPIPE_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio
+CODA_METRICS := rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run
+OMNISIFT_METRICS := acc,prefill_flops_ratio,context_kept_frac,prefill_ms,prefill_speedup,selector_train_s,selector_params
+results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, CoDA, OmniSIFT's text analog) and write their documents
+	for p in upipe coda coda_regimes omnisift_text; do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+	$(BIN)/paretolab report upipe --trials all --metrics $(UPIPE_METRICS) --output pipelines/UPIPE.md
+	$(BIN)/paretolab report coda coda_regimes --trials all --metrics $(CODA_METRICS) --output pipelines/SEED_ROWS.md
+	$(BIN)/paretolab report omnisift_text --trials all --metrics $(OMNISIFT_METRICS) --output pipelines/OMNISIFT.md
 
 # The search's budget (issue 32): a learning-rate search on scratch-1m with a median pruner against
 # the same search run to the end (same 12 learning rates), plus the best rate's train-seed spread;
