@@ -150,7 +150,8 @@ def contract_roles(method: Method, subject: Subject) -> dict[str, Subject]:
 CODING_CONTRACT_TASK = {"n_texts": 1, "text_chars": 48}
 # Methods that put a learner on a subject with no language model: kind -> the contract's task options (the task is named as the kind).
 LEARNER_CONTRACT_TASKS = {"tabular": {"dataset": "synth-class", "rows": 400},
-                          "sequence": {"dataset": "regimes", "sequences": 120, "length": 12}}
+                          "sequence": {"dataset": "regimes", "sequences": 120, "length": 12},
+                          "paired_retrieval": {"train": 300, "test": 100}}
 
 
 @contextmanager
@@ -330,10 +331,11 @@ class LearnerMethodContract(MethodContract):
     read the task's metrics instead (the task trains the learner for real).
 
     Override ``method`` (and ``params`` to keep budgets small); ``timed`` names metrics that are wall-clock
-    timings, left out where two runs are compared.
+    timings, left out where two runs are compared; ``entry`` the learner's method the kind's task calls.
     """
 
     timed: ClassVar[tuple[str, ...]] = ()
+    entry: ClassVar[str] = "fit_predict"
 
     @pytest.fixture
     def subject(self, method: Method) -> Subject:
@@ -352,7 +354,7 @@ class LearnerMethodContract(MethodContract):
 
     def test_transform_leaves_a_runnable_model(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         out = method.transform(subject.copy(), dict(params), ctx)
-        assert isinstance(out, Subject) and hasattr(out.info.get("learner"), "fit_predict")
+        assert isinstance(out, Subject) and hasattr(out.info.get("learner"), self.entry)
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         metrics = self._metrics(method, subject, params)

@@ -79,6 +79,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.sequence",
     "paretolab.plugins.coda",
     "paretolab.plugins.omnisift_text",
+    "paretolab.tasks.paired_retrieval",
+    "paretolab.plugins.apm",
 )
 
 

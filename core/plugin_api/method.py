@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from paretolab.plugin_api.context import TrialContext
     from paretolab.plugin_api.subject import Subject
 
-KINDS = ("weights", "decoding", "tokenizer", "training", "architecture", "routing", "coding", "tabular", "sequence")
+KINDS = ("weights", "decoding", "tokenizer", "training", "architecture", "routing", "coding", "tabular", "sequence", "paired_retrieval")
 COST_KINDS = ("real", "simulated")
 
 

@@ -50,6 +50,9 @@ CHEAP: dict[str, dict[str, Any]] = {
     # sequence networks train for real on the contract's 120 short sequences: small, one epoch, short timings
     "ltc": {"units": 4, "unfolds": 2, "epochs": 1, "timing_s": 0.2},
     "coda": {"units": 4, "latent": 2, "epochs": 1, "timing_s": 0.2},
+    # APM's analog distils on the contract's 300 generated pairs: few pairs, few matching steps
+    "apm": {"pairs": 20, "steps": 5},
+    "random_pairs": {"pairs": 20},
     # the learned selector trains for real (two straight-through steps through the tiny model, on the builtin rows)
     "omnisift_text": {"steps": 2, "batch": 2, "train_context": 32, "hidden": 8},
     "train": {"tokens": 256, "seq_len": 32, "batch": 4, "eval_every": 1, "eval_tokens": 128, "corpus": str(Path(__file__).parents[2] / "README.md")},

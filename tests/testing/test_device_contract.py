@@ -44,9 +44,10 @@ MEASURES: dict[str, dict[str, Any]] = {
     "expert_memory": {},
 }
 MOE_MEASURES = frozenset({"expert_memory"})  # measured on a random micro MoE (they refuse a dense model)
-# tasks that score what a method of one kind set up (a router, a coder, a tabular or sequence learner) and refuse a bare
+# tasks that score what a method of one kind set up (a router, a coder, a tabular, sequence or pair learner) and refuse a bare
 # model: the contract suite runs them under every method of that kind (contract_settings), on the model's device
-METHOD_BOUND_TASKS = {"mc_routing": "routing", "compression": "coding", "tabular": "tabular", "sequence": "sequence"}
+METHOD_BOUND_TASKS = {"mc_routing": "routing", "compression": "coding", "tabular": "tabular", "sequence": "sequence",
+                    "paired_retrieval": "paired_retrieval"}
 
 
 def test_every_task_and_measure_is_listed() -> None:
