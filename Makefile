@@ -104,16 +104,19 @@ results-training: $(DEV)  ## train the training-study pipelines (each trial <= 1
 # rerun without the others' stores): UPipe's head-chunked attention on one device (scratch-5m, 2,048 tokens, 3 paired
 # seeds; ~5 min on 2 idle CPU cores) into pipelines/UPIPE.md; CoDA against an LTC on a generated forecasting and a
 # generated classification task (3 paired seeds each; ~12 min each, one trial at a time) into pipelines/SEED_ROWS.md;
-# OmniSIFT's text analog on SmolLM2 and LAMBADA (16 trials) into pipelines/OMNISIFT.md. Run one trial at a time on
+# OmniSIFT's text analog on SmolLM2 and LAMBADA (16 trials) into pipelines/OMNISIFT.md; APM's analog on generated
+# paired data (9 trials of a few seconds) into pipelines/APM.md. Run one trial at a time on
 # an otherwise idle machine: their time claims are paired across trials. The longer contexts: python benchmarks/upipe_memory.py.
 UPIPE_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio
 CODA_METRICS := rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run
 OMNISIFT_METRICS := acc,prefill_flops_ratio,context_kept_frac,prefill_ms,prefill_speedup,selector_train_s,selector_params
-results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, CoDA, OmniSIFT's text analog) and write their documents
-	for p in upipe coda coda_regimes omnisift_text; do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
+APM_METRICS := r_at_1,ir_at_1,tr_at_1,match_loss,match_loss_init,distill_s,distill_storage_floats,pairs_storage_floats,traj_storage_floats_model
+results-seed-rows: $(DEV)  ## run the seed-row studies (UPipe, CoDA, OmniSIFT's text analog, APM's analog) and write their documents
+	for p in upipe coda coda_regimes omnisift_text apm; do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report upipe --trials all --metrics $(UPIPE_METRICS) --output pipelines/UPIPE.md
 	$(BIN)/paretolab report coda coda_regimes --trials all --metrics $(CODA_METRICS) --output pipelines/SEED_ROWS.md
 	$(BIN)/paretolab report omnisift_text --trials all --metrics $(OMNISIFT_METRICS) --output pipelines/OMNISIFT.md
+	$(BIN)/paretolab report apm --trials all --metrics $(APM_METRICS) --output pipelines/APM.md
 
 # The search's budget (issue 32): a learning-rate search on scratch-1m with a median pruner against
 # the same search run to the end (same 12 learning rates), plus the best rate's train-seed spread;
