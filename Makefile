@@ -105,7 +105,7 @@ results-training: $(DEV)  ## train the training-study pipelines (each trial <= 1
 # seeds; ~5 min on 2 idle CPU cores) into pipelines/UPIPE.md; CoDA against an LTC on a generated forecasting and a
 # generated classification task (3 paired seeds each; ~12 min each, one trial at a time) into pipelines/SEED_ROWS.md;
 # OmniSIFT's text analog on SmolLM2 and LAMBADA (16 trials) into pipelines/OMNISIFT.md; APM's analog on generated
-# paired data (9 trials of a few seconds) into pipelines/APM.md. Run one trial at a time on
+# paired data (12 trials of a few seconds) into pipelines/APM.md. Run one trial at a time on
 # an otherwise idle machine: their time claims are paired across trials. The longer contexts: python benchmarks/upipe_memory.py.
 UPIPE_METRICS := val_loss,peak_act_mb,train_mem_mb,train_flops,train_s,step_peak_mb,step_peak_mb_plain,step_peak_ratio,step_ms,step_time_ratio
 CODA_METRICS := rmse,acc,train_step_ms,infer_ms,train_speedup,infer_speedup,fit_s,epochs_run

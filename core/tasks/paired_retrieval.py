@@ -137,7 +137,7 @@ class PairedRetrievalTask(Task):
     def evaluate(self, subject: Subject, options: PairedOptions, ctx: TrialContext) -> dict[str, float]:
         learner = subject.info.get("learner")
         if learner is None or not hasattr(learner, "fit_pairs"):
-            raise ConfigError(f"task {NAME}: no pair learner; add a {NAME} stage (method apm, random_pairs or full_data)")
+            raise ConfigError(f"task {NAME}: no pair learner; add a {NAME} stage (method apm, mtt, random_pairs or full_data)")
         data = load_paired(options)
         wall0 = time.perf_counter()
         got = learner.fit_pairs(data, seed=ctx.seed, device=subject.device)
@@ -154,7 +154,7 @@ class PairedSource(ModelSource):
     """``paired_retrieval``: a subject with no tokenizer and no weights; a pair method puts a learner on it."""
 
     name = NAME
-    description = "no language model: a slot for a pair learner (apm, random_pairs, full_data) and the paired_retrieval task"
+    description = "no language model: a slot for a pair learner (apm, mtt, random_pairs, full_data) and the paired_retrieval task"
     weights = "none (the projectors are fitted in the task)"
 
     def load(self) -> Subject:

@@ -1,7 +1,7 @@
 """APM's analog (seed 000) as ``paired_retrieval`` methods: each puts a pair learner on the subject; the task fits on its pairs.
 
 ``apm`` distils ``pairs`` synthetic pairs by analytic parameter matching (:mod:`.distill` says what is the
-paper's and what is ours); ``random_pairs`` keeps as many real pairs drawn at random, ``full_data`` all
+paper's and what is ours); ``mtt`` by a small trajectory-matching baseline (:mod:`.mtt`); ``random_pairs`` keeps as many real pairs drawn at random, ``full_data`` all
 of them (the upper bound). The task (:mod:`paretolab.tasks.paired_retrieval`) fits the same closed-form
 ridge projectors on whichever pairs and scores cross-modal recall@1 on generated two-view data: an
 analog of the paper's image-text retrieval, not a reproduction of its numbers.
@@ -19,6 +19,7 @@ from paretolab.errors import ConfigError
 from paretolab.plugin_api.metrics import Metric
 from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.apm.distill import APM, FullData, RandomPairs
+from paretolab.plugins.apm.mtt import MTT
 
 PAPER = Paper("Analytic Parameter Matching (APM) for multi-modal dataset distillation", "ICML 2026", "")
 
@@ -97,13 +98,35 @@ class APMMethod(RandomPairsMethod):
                    lr=float(p["lr"]), traj_epochs=int(p["traj_epochs"]), threads=int(p["threads"]))
 
 
+class MTTMethod(RandomPairsMethod):
+    """A small trajectory-matching baseline: ``pairs`` synthetic pairs whose unrolled gradient steps follow expert checkpoints."""
+
+    name = "mtt"
+    metrics = ("pairs_kept", "pairs_storage_floats", "distill_s", "distill_storage_floats", "match_loss")
+
+    def search_space(self) -> dict[str, Any]:
+        return {**super().search_space(), "steps": IntDistribution(0, 100000), "lr": FloatDistribution(1e-4, 1.0, log=True),
+                "expert_epochs": IntDistribution(1, 10000), "unroll": IntDistribution(1, 1000), "span": IntDistribution(1, 1000),
+                "threads": IntDistribution(0, 64)}
+
+    def defaults(self) -> dict[str, Any]:
+        return {**super().defaults(), "steps": 300, "lr": 0.02, "expert_epochs": 50, "unroll": 10, "span": 2, "threads": 1}
+
+    def learner(self, p: dict[str, Any]) -> Any:
+        if int(p["span"]) > int(p["expert_epochs"]):
+            raise ConfigError(f"mtt.span: {p['span']} is past the {p['expert_epochs']} expert epochs; give span <= expert_epochs")
+        return MTT(pairs=int(p["pairs"]), seed=None if p.get("seed") is None else int(p["seed"]), steps=int(p["steps"]), lr=float(p["lr"]),
+                   expert_epochs=int(p["expert_epochs"]), unroll=int(p["unroll"]), span=int(p["span"]), threads=int(p["threads"]))
+
+
 METRICS = (
     Metric("pairs_kept", "pairs", "minimize", "paired_retrieval: pairs the projectors were fitted on (synthetic or real)"),
     Metric("pairs_storage_floats", "floats", "minimize", "paired_retrieval: floats of the kept pairs (pairs x (dim_a + dim_b))"),
-    Metric("distill_s", "s", "minimize", "apm: wall time of distillation (teacher matrices + matching steps)"),
-    Metric("distill_storage_floats", "floats", "minimize", "apm: floats distillation keeps of the real data (Gram of A, Gram of B, cross-covariance)"),
+    Metric("distill_s", "s", "minimize", "apm, mtt: wall time of distillation (teacher matrices or expert trajectories + matching steps)"),
+    Metric("distill_storage_floats", "floats", "minimize",
+           "apm, mtt: floats distillation keeps of the real data (apm: Gram of A, Gram of B, cross-covariance; mtt: every expert checkpoint)"),
     Metric("match_loss_init", "rel. sq. Frobenius", "minimize", "apm: parameter-matching loss of the initial (random real) pairs"),
-    Metric("match_loss", "rel. sq. Frobenius", "minimize", "apm: parameter-matching loss after distillation"),
+    Metric("match_loss", "rel. sq. Frobenius", "minimize", "apm, mtt, random_pairs: the pairs' closed-form projectors against the teacher's"),
     Metric("traj_storage_floats_model", "floats", "minimize",
            "apm: a stated model, not a measurement: what a trajectory-matching method keeps (traj_epochs x both projectors' parameters)"),
 )
@@ -112,6 +135,7 @@ METRICS = (
 @hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
     register(APMMethod())
+    register(MTTMethod())
     register(RandomPairsMethod())
     register(FullDataMethod())
 

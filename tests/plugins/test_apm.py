@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from paretolab.errors import ConfigError
-from paretolab.plugins.apm import APMMethod, FullDataMethod, RandomPairsMethod
+from paretolab.plugins.apm import APMMethod, FullDataMethod, MTTMethod, RandomPairsMethod
 from paretolab.plugins.apm.distill import APM, RandomPairs, matching_loss, teacher_projectors
 from paretolab.tasks.paired_retrieval import PairedOptions, generate, load_paired, projectors, retrieval_scores
 from paretolab.testing import LearnerMethodContract
@@ -98,7 +98,7 @@ def test_the_task_without_a_learner_says_which_stage_to_add():
     from paretolab.tasks.paired_retrieval import PairedSource
 
     result = run_trial(PairedSource().load(), [], TrialSettings("t", "paired_retrieval", {"train": 50, "test": 20}, {}, seed=0), number=0)
-    assert result.failed and "add a paired_retrieval stage (method apm, random_pairs or full_data)" in result.error
+    assert result.failed and "add a paired_retrieval stage (method apm, mtt, random_pairs or full_data)" in result.error
 
 
 def test_the_hits_stored_per_query_give_back_the_reported_metrics():
@@ -138,6 +138,34 @@ class TestAPMContract(_Contract):
     @pytest.fixture
     def params(self) -> dict[str, Any]:
         return {"pairs": 20, "steps": 5}
+
+
+def test_the_trajectory_baseline_follows_gradient_descent_and_keeps_every_checkpoint():
+    from paretolab.plugins.apm.mtt import MTT, expert_trajectories
+
+    data = load_paired(SMALL)
+    a, b = (torch.as_tensor(v["train"]).double() for v in (data.a, data.b))
+    path, _ = expert_trajectories(a, b, data.ridge, 400)
+    (t_ab, t_ba), _ = teacher_projectors(a, b, data.ridge)
+    da, db = a.shape[1], b.shape[1]
+    assert torch.allclose(path[-1][: da * db].reshape(da, db), t_ab, atol=1e-3)  # descent converges to the closed form
+    assert torch.allclose(path[-1][da * db :].reshape(db, da), t_ba, atol=1e-3)
+    got = MTT(pairs=40, steps=40, expert_epochs=20).fit_pairs(data, seed=3, device=CPU)
+    start = RandomPairs(pairs=40).fit_pairs(data, seed=3, device=CPU)
+    assert got.extra["distill_storage_floats"] == 21 * 2 * da * db
+    assert got.extra["match_loss"] < start.extra["match_loss"], (got.extra, start.extra)
+    with pytest.raises(ConfigError, match="mtt.span"):
+        MTTMethod().learner({**MTTMethod().defaults(), "span": 60})
+
+
+class TestMTTContract(_Contract):
+    @pytest.fixture
+    def method(self) -> MTTMethod:
+        return MTTMethod()
+
+    @pytest.fixture
+    def params(self) -> dict[str, Any]:
+        return {"pairs": 20, "steps": 3, "expert_epochs": 4, "unroll": 2}
 
 
 class TestRandomPairsContract(_Contract):

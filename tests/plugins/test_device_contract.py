@@ -52,6 +52,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "coda": {"units": 4, "latent": 2, "epochs": 1, "timing_s": 0.2},
     # APM's analog distils on the contract's 300 generated pairs: few pairs, few matching steps
     "apm": {"pairs": 20, "steps": 5},
+    "mtt": {"pairs": 20, "steps": 3, "expert_epochs": 4, "unroll": 2},
     "random_pairs": {"pairs": 20},
     # the learned selector trains for real (two straight-through steps through the tiny model, on the builtin rows)
     "omnisift_text": {"steps": 2, "batch": 2, "train_context": 32, "hidden": 8},
