@@ -7,14 +7,18 @@ training-free compressors such as OmniZip.
 
 This is an analog, said plainly. The paper's: a learned token selector trained end to end with a
 straight-through estimator through a frozen LLM, a fixed share of the context kept, training-free
-selectors as baselines. Ours: text, one modality, on SmolLM2-135M, no spatio-temporal module; the
-selector is our own small network over the LM's input embeddings (:mod:`.network`: a projection,
-position and repetition features, a bidirectional GRU; ~0.09M parameters, about the paper's share
-of its LLM), so selecting needs no LM forward; the kept tokens form an ordinary shorter prompt
-with renumbered (contiguous) positions, as LLMLingua's compressed prompts are; the loss is the NLL
-of LAMBADA's final word (:mod:`paretolab.tasks.lambada`, trained on its train split, scored on the
-disjoint eval split); the mask acts inside every attention layer (:mod:`.masking`), so the masked
-training forward equals the forward of the compressed prompt (tested).
+selectors as baselines. Ours: trained end to end through the frozen LM too, but by default through a
+relaxed mask (soft mask values forward and backward, the hard top-k at inference), because the
+straight-through gradient measured here carries no signal for the dropped tokens (``estimator:
+straight_through`` keeps the paper's; :mod:`.train` gives the numbers); text, one modality, on
+SmolLM2-135M, no spatio-temporal module; the selector is our own small network over the LM's input
+embeddings (:mod:`.network`: a projection, position and repetition features, a bidirectional GRU;
+~0.09M parameters, about the paper's share of its LLM), so selecting needs no LM forward; the kept
+tokens form an ordinary shorter prompt with renumbered (contiguous) positions, as LLMLingua's
+compressed prompts are; the loss is the NLL of LAMBADA's final word (:mod:`paretolab.tasks.lambada`,
+trained on its train split, scored on the disjoint eval split); the mask acts inside every attention
+layer (:mod:`.masking`), so the masked training forward equals the forward of the compressed prompt
+(tested).
 
 ``transform`` installs a :class:`.generator.CompressingGenerator` (training the learned selector
 first, or loading it from the cache); generation tasks then decode compressed prompts. Selectors
@@ -42,7 +46,7 @@ from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.omnisift_text.generator import CompressingGenerator
 from paretolab.plugins.omnisift_text.selection import SELECTORS, Selection
 from paretolab.plugins.omnisift_text.timing import measure_prefill
-from paretolab.plugins.omnisift_text.train import TrainSettings, model_fingerprint, train_selector
+from paretolab.plugins.omnisift_text.train import ESTIMATORS, TrainSettings, model_fingerprint, train_selector
 from paretolab.tasks.lambada import PREFILL_STATS, SOURCES
 
 PAPER = Paper("OmniSIFT: learned token compression for omni-modal LLMs (text analog)", "ICML 2026", "")
@@ -53,7 +57,7 @@ METRICS = (
     Metric("selector_train_s", "s", "minimize", "omnisift_text: seconds the learned selector trained (the stored time when it came from the cache)"),
     Metric("selector_train_flops", "FLOPs", "minimize", "omnisift_text: FLOPs of the learned selector's training (forward + backward through the frozen LM)"),
     Metric("selector_train_steps", "steps", "maximize", "omnisift_text: optimizer steps the learned selector took (fewer than asked when max_train_s stopped it)"),
-    Metric("selector_train_loss", "nats/token", "minimize", "omnisift_text: NLL of the target word at the end of the selector's training (mean of the last 5 steps)"),
+    Metric("selector_train_loss", "nats/token", "minimize", "omnisift_text: NLL of the target word at the end of the selector's training, under the training mask (soft values for estimator=relaxed; mean of the last 5 steps)"),
 )
 
 
@@ -77,9 +81,9 @@ class OmniSiftText(Method):
         }
 
     def defaults(self) -> dict[str, Any]:
-        # the learned selector's training (steps, batch, lr, hidden, tau, train_context, max_train_s) is set, not searched
+        # the learned selector's training (steps, batch, lr, hidden, tau, train_context, max_train_s, estimator) is set, not searched
         return {"selector": "learned", "keep": 0.25, "protect_last": 4, "window": 8, "steps": 80, "batch": 4, "lr": 0.02,
-                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 420.0, "train_source": "task",
+                "hidden": 64, "tau": 0.5, "train_context": 96, "max_train_s": 420.0, "train_source": "task", "estimator": "relaxed",
                 "timing_rounds": 5}  # paired prefill timings against the unmodified model in `measure` (0: none)
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
@@ -94,7 +98,7 @@ class OmniSiftText(Method):
         if selector == "learned":
             settings = TrainSettings(selection.keep, selection.protect_last, int(p["steps"]), int(p["batch"]), float(p["lr"]),
                                      int(p["hidden"]), float(p["tau"]), int(p["train_context"]), float(p["max_train_s"]),
-                                     _train_source(str(p["train_source"]), ctx), seed)
+                                     _train_source(str(p["train_source"]), ctx), seed, str(p["estimator"]))
             trained = train_selector(subject.model, subject.tokenizer, settings, model_key=model_fingerprint(subject.model, subject.model_name))
             selection.net = trained.net
             info.update(selector_params=trained.net.n_params(), train_source=settings.source,
@@ -143,6 +147,9 @@ def _checked(p: dict[str, Any]) -> str:
     for key in ("lr", "tau", "max_train_s"):
         if not float(p[key]) > 0:
             raise ConfigError(f"omnisift_text.{key}: {p[key]!r} is out of range; give a number > 0")
+    if p["estimator"] not in ESTIMATORS:
+        raise ConfigError(f"omnisift_text.estimator: {p['estimator']!r} is not known; use one of {', '.join(ESTIMATORS)} "
+                          "(relaxed: soft mask values in training, the default; straight_through: hard forward, soft gradient)")
     if p["train_source"] not in TRAIN_SOURCES:
         raise ConfigError(f"omnisift_text.train_source: {p['train_source']!r} is not known; use one of {', '.join(TRAIN_SOURCES)} "
                           "(task: the lambada task's own source, builtin under any other task)")

@@ -5,10 +5,9 @@ While :func:`patched` is active every decoder layer's attention runs :func:`mask
 it, restored on exit): causal softmax attention, then the probabilities of key ``j`` multiplied by
 ``keep[j]`` and each row renormalised. With a 0/1 ``keep`` and ``position_ids = cumsum(keep) - 1``
 the kept positions compute exactly what the model computes on the kept tokens alone (a dropped
-token is no key anywhere, so nothing of it reaches a kept one); with the straight-through mask
-of training (hard values, soft gradients) the loss is differentiable in ``keep``: the gradient of
-key ``j``'s multiplier is what letting token ``j`` in would change, to first order, at the kept
-queries. Gradients flow back through kept queries' outputs only: a dropped query's output reaches
+token is no key anywhere, so nothing of it reaches a kept one); with the soft mask of training
+(:mod:`.train`) the loss is differentiable in ``keep``: key ``j``'s multiplier weighs how much
+token ``j`` is let in, at every layer. Gradients flow back through kept queries' outputs only: a dropped query's output reaches
 no kept position, and a dropped query with no kept key yet would divide by a zero sum. The same
 function records, for the attention baseline, the probabilities the last ``window`` queries give
 each key, averaged over heads, one row per layer. No KV cache: prefill-sized forwards only.

@@ -1,9 +1,11 @@
 """omnisift_text (OmniSIFT's text analog) and the lambada task: the masked forward is the compressed prompt's forward,
-each selector keeps what it says, the straight-through estimator trains, FLOPs add up, LAMBADA is scored token-exact."""
+each selector keeps what it says, training lowers the hard-mask loss, FLOPs add up, LAMBADA is scored token-exact."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,10 +21,11 @@ from paretolab.plugins.omnisift_text.generator import CompressingGenerator
 from paretolab.plugins.omnisift_text.masking import masked_hidden
 from paretolab.plugins.omnisift_text.network import TokenSelector, token_features
 from paretolab.plugins.omnisift_text.selection import Selection, budget, top_kept
-from paretolab.plugins.omnisift_text.train import TrainSettings, _step_loss, straight_through_mask, train_selector
+from paretolab.plugins.omnisift_text.train import TrainSettings, _step_loss, train_selector, training_mask
 from paretolab.testing import MethodContract
 from paretolab.training.flops import ATTENTION_FORMULAS
 
+_USER_CACHE = os.environ.get("PARETOLAB_CACHE")  # read before the autouse fixture points it at a temp dir
 CHEAP = {"selector": "learned", "steps": 2, "batch": 2, "train_context": 32, "hidden": 8}
 
 
@@ -41,7 +44,7 @@ def _ids(n: int, seed: int = 0) -> torch.Tensor:
 
 
 def test_the_masked_forward_is_the_forward_of_the_compressed_prompt(model):
-    """Straight-through mask values, positions renumbered: the answer logits equal those of the kept tokens + answer, run alone."""
+    """Hard mask values (the straight-through mask), positions renumbered: the answer logits equal those of the kept tokens + answer, run alone."""
     contexts, answers = [_ids(40, 1), _ids(27, 2)], [_ids(3, 3), _ids(2, 4)]
     width = 48
     ids = torch.zeros(2, width, dtype=torch.long)
@@ -49,7 +52,7 @@ def test_the_masked_forward_is_the_forward_of_the_compressed_prompt(model):
     for row, (c, a) in enumerate(zip(contexts, answers)):
         ids[row, : len(c)], ids[row, len(c) : len(c) + len(a)] = c, a
         scores = torch.randn(len(c), generator=torch.Generator().manual_seed(row), requires_grad=True)
-        mask, hard = straight_through_mask(scores, budget(len(c), 0.25), 4, 0.5)
+        mask, hard = training_mask(scores, budget(len(c), 0.25), 4, 0.5, "straight_through")
         kept_of.append(hard.nonzero()[:, 0].tolist())
         tail = torch.zeros(width - len(c))
         tail[: len(a)] = 1.0
@@ -150,45 +153,103 @@ def test_the_generator_reports_kept_share_and_flop_ratio(tiny):
     assert ratios[0] > 1.0  # the attention baseline's full scoring forward costs more than the prefill it saves
 
 
-def test_gradients_reach_the_selector_and_training_finds_planted_tokens():
+def test_training_lowers_the_inference_loss_of_held_out_contexts():
     """Planted: each target is the token the 4 *first* tokens (+ the 2 protected last ones) make likelier than the 4
-    most recent do; the selector starts as keep-recent (none of the 4 kept), and a few straight-through steps lower
-    the loss by more than a nat and bring planted tokens in."""
+    most recent do; the selector starts as keep-recent (none of the 4 kept). Training on 6 such contexts lowers the
+    hard-mask NLL (what inference sees) of 6 *other* contexts by more than half a nat and brings planted tokens in."""
     lm = TinyLlama(layers=2, hidden=64).load().model
     with torch.no_grad():
         lm.model.norm.weight.mul_(4)  # sharper next-token distributions: the kept context matters more
     for p in lm.parameters():
         p.requires_grad_(False)
     length, k, planted, recent = 24, 6, [0, 1, 2, 3, 22, 23], list(range(18, 24))
-    examples = []
-    for i in range(6):
-        c = _ids(length, 100 + i)
-        with torch.no_grad():
-            gain = torch.log_softmax(lm(input_ids=c[planted][None]).logits[0, -1], -1) - torch.log_softmax(
-                lm(input_ids=c[recent][None]).logits[0, -1], -1)
-        examples.append((c.tolist(), [int(gain.argmax())]))
+
+    def planted_examples(first_seed: int) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for i in range(6):
+            c = _ids(length, first_seed + i)
+            with torch.no_grad():
+                gain = torch.log_softmax(lm(input_ids=c[planted][None]).logits[0, -1], -1) - torch.log_softmax(
+                    lm(input_ids=c[recent][None]).logits[0, -1], -1)
+            out.append((c.tolist(), [int(gain.argmax())]))
+        return out
+
+    train, held_out = planted_examples(100), planted_examples(200)
     settings = TrainSettings(k / length, 2, 0, 6, 0.05, 16, 0.5, 32, 60.0, "builtin", 0)
     net = TokenSelector(64, 16, seed=0, device=torch.device("cpu"))
 
+    def inference_loss(examples: list[tuple[list[int], list[int]]]) -> float:
+        with torch.no_grad():  # the straight-through mask's forward is the hard mask's: what inference computes
+            hard = replace(settings, estimator="straight_through")
+            return float(_step_loss(net, lm, examples, 32, hard, torch.device("cpu")))
+
     def found() -> int:
         with torch.no_grad():
-            return sum(len(set(_selection_of(net, lm, c, k)) & set(planted[:4])) for c, _ in examples)
+            return sum(len(set(_selection_of(net, lm, c, k)) & set(planted[:4])) for c, _ in held_out)
 
-    loss = _step_loss(net, lm, examples, 32, settings, torch.device("cpu"))
+    loss = _step_loss(net, lm, train, 32, settings, torch.device("cpu"))
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+    before = inference_loss(held_out)
     assert found() == 0
     opt = torch.optim.Adam(net.parameters(), lr=0.05)
-    losses = []
     for _ in range(20):
         opt.zero_grad()
-        loss = _step_loss(net, lm, examples, 32, settings, torch.device("cpu"))
-        loss.backward()
+        _step_loss(net, lm, train, 32, settings, torch.device("cpu")).backward()
         opt.step()
-        losses.append(float(loss.detach()))
-    # keep-recent's loss is ~6.6 nats, the planted selection's ~5.1; training finds selections at least as good
-    assert sum(losses[-5:]) / 5 < losses[0] - 1.0, losses
-    assert found() >= 6, found()  # of the 24 planted tokens (4 in each of 6 contexts), none kept at the start
+    after = inference_loss(held_out)
+    assert after < before - 0.5, (before, after)  # measured 6.84 -> 5.94 nats
+    assert found() >= 6, found()  # of the 24 planted tokens (4 in each of 6 held-out contexts), none kept at the start
+
+
+@pytest.mark.slow
+@pytest.mark.results
+def test_on_smollm2_training_lowers_the_inference_loss_of_held_out_lambada_rows(monkeypatch, capsys):
+    """The claim's recipe (80 steps of 4 LAMBADA train rows, Adam 0.02, seed 0) lowers the hard-mask NLL of 64 eval
+    rows the study never scores (200..263) by more than a nat below the untrained, keep-recent-like selector (measured
+    7.69 -> 5.65 nats; with estimator=straight_through it was 7.45, and this test fails)."""
+    import torch.nn.functional as F
+
+    from paretolab.data import encode
+    from paretolab.models import SmolLM2
+    from paretolab.plugins.omnisift_text.train import _train
+    from paretolab.tasks.lambada import split_rows, target_ids
+
+    _use_the_user_cache(monkeypatch)  # the converted SmolLM2 lives there; the selector trained here is not cached
+    try:
+        rows = split_rows("lambada", "eval")[200:264]
+    except ConfigError as err:
+        pytest.skip(f"needs LAMBADA's file (PARETOLAB_DATA_DIR with mc/lambada_openai.jsonl): {err}")
+    subject = SmolLM2().load()
+    lm, tokenizer = subject.model, subject.tokenizer
+    net = TokenSelector(lm.get_input_embeddings().weight.shape[1], 64, seed=0, device=torch.device("cpu"))
+
+    def held_out_nll() -> float:
+        total = 0.0
+        with torch.no_grad():
+            for row in rows:
+                c = torch.tensor(encode(tokenizer, row["context"].rstrip()), dtype=torch.long)
+                t = torch.tensor(target_ids(tokenizer, row["continuation"]), dtype=torch.long)
+                hard = torch.zeros(len(c))
+                hard[top_kept(net(lm.get_input_embeddings()(c)[None], token_features(c)[None])[0], budget(len(c), 0.25), 4)] = 1.0
+                keep = torch.cat([hard, torch.ones(len(t))])[None]
+                hidden = masked_hidden(lm, torch.cat([c, t])[None], keep, keep)[0, len(c) - 1 : len(c) - 1 + len(t)]
+                total += float(F.cross_entropy(lm.get_output_embeddings()(hidden).float(), t))
+        return total / len(rows)
+
+    before = held_out_nll()
+    _train(net, lm, tokenizer, TrainSettings(0.25, 4, 80, 4, 0.02, 64, 0.5, 96, 600.0, "lambada", 0))
+    after = held_out_nll()
+    with capsys.disabled():
+        print(f"\nomnisift_text on SmolLM2-135M: held-out hard-mask NLL {before:.3f} untrained -> {after:.3f} trained (relaxed)")
+    assert after < before - 1.0, (before, after)
+
+
+def _use_the_user_cache(monkeypatch) -> None:
+    if _USER_CACHE is None:
+        monkeypatch.delenv("PARETOLAB_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("PARETOLAB_CACHE", _USER_CACHE)
 
 
 def _selection_of(net: TokenSelector, lm: torch.nn.Module, context: list[int], k: int) -> list[int]:
@@ -223,7 +284,7 @@ def test_the_lambada_trial_reports_accuracy_and_the_per_example_costs(tiny):
 
 def test_bad_settings_name_the_field_and_the_fix(tiny, ctx):
     for params, field in (({"selector": "oracle"}, "selector"), ({"keep": 0.0}, "keep"), ({"protect_last": 0}, "protect_last"),
-                          ({"train_source": "wiki"}, "train_source")):
+                          ({"train_source": "wiki"}, "train_source"), ({"estimator": "gumbel"}, "estimator")):
         with pytest.raises(ConfigError, match=f"omnisift_text.{field}"):
             OmniSiftText().transform(tiny.copy(), params, ctx)
 
