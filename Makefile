@@ -83,11 +83,11 @@ results-export: $(DEV)  ## export one trial per weights method; print sizes on d
 # then Parallel-Probe, speculative decoding and token sparse attention run as studies, and
 # pipelines/DECODING.md is regenerated from them.
 DECODING := parallel_probe speculative token_sparse_attention
-DECODING_METRICS := acc,tokens_total,tokens_sequential,tokens_total_no_probe,tokens_sequential_no_probe,probe_tokens,spec_decode_tok_s,greedy_decode_tok_s,spec_matches_greedy,attn_kept_frac,prefill_ms
-results-decoding: $(DEV)  ## train the EAGLE draft (25 min), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
+DECODING_METRICS := acc,tokens_total,tokens_sequential,tokens_total_no_probe,tokens_sequential_no_probe,probe_tokens,spec_decode_tok_s,greedy_decode_tok_s,greedy_kernel_decode_tok_s,speedup_vs_greedy,mean_accepted_len,spec_matches_greedy,attn_kept_frac,prefill_ms
+results-decoding: $(DEV)  ## train the EAGLE draft (~30 min of data, then 25), run the decoding pipelines (~1 h on 2 CPU cores), write pipelines/DECODING.md
 	$(BIN)/paretolab models pull smollm2-135m
 	if ! $(BIN)/python -c "from paretolab.plugins.speculative.train import draft_path; exit(0 if draft_path('smollm2-135m').is_file() else 1)"; then \
-	  $(BIN)/paretolab draft train --tokens 98304 --budget-min 25 --no-progress; fi
+	  $(BIN)/paretolab draft train --budget-min 25 --no-progress; fi
 	for p in $(DECODING); do $(BIN)/paretolab run pipelines/$$p.yaml --resume || exit 1; done
 	$(BIN)/paretolab report $(DECODING) --trials all --metrics $(DECODING_METRICS) --output pipelines/DECODING.md
 

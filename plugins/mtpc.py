@@ -43,7 +43,7 @@ from paretolab.plugins.speculative.generator import SpeculativeGenerator
 
 CIRCUITS = ("independent", "mixture", "hmm")
 PAPER = Paper("Multi-token prediction with probabilistic circuits", "arXiv 2025", "https://github.com/april-tools/mtpc")
-SPEC_METRICS = ("mean_accepted_len", "spec_decode_tok_s", "greedy_decode_tok_s", "speedup_vs_greedy", "spec_matches_greedy")  # registered by speculative
+SPEC_METRICS = ("mean_accepted_len", "spec_decode_tok_s", "greedy_decode_tok_s", "greedy_kernel_decode_tok_s", "speedup_vs_greedy", "spec_matches_greedy")  # registered by speculative
 METRICS = (
     Metric("mtpc_heldout_nll", "nats/window", "minimize", "mtpc: negative log-likelihood of held-out greedy windows (x_{t+1..t+H}) under the circuit"),
     Metric("mtpc_train_s", "s", "minimize", "mtpc: wall time to generate the distillation data and fit the circuit heads"),
@@ -104,6 +104,7 @@ class CircuitDrafter:
     def __init__(self, heads: CircuitHeads, last_layer: int) -> None:
         self.heads = heads.eval()
         self.feature_layers = (last_layer,)
+        self.modules = (self.heads,)  # the generator runs their linears through the CPU kernel too
         self.norm: nn.Module | None = None
         self.unembed: torch.Tensor | None = None
         self.h: torch.Tensor | None = None

@@ -97,10 +97,13 @@ def cmd_draft_train(args: argparse.Namespace) -> int:
 
     if args.budget_min <= 0:
         raise ConfigError(f"--budget-min must be > 0 minutes, got {args.budget_min}")
-    for flag, value, low in (("--tokens", args.tokens, 1), ("--seq-len", args.seq_len, 8), ("--vocab", args.vocab, 2), ("--ttt-steps", args.ttt_steps, 1)):
+    for flag, value, low in (("--tokens", args.tokens, 1), ("--seq-len", args.seq_len, 8), ("--vocab", args.vocab, 2), ("--ttt-steps", args.ttt_steps, 1),
+                             ("--prompts", args.prompts, 1), ("--new-tokens", args.new_tokens, 1)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
-    options = TrainOptions(budget_min=args.budget_min, corpus=args.corpus, max_tokens=args.tokens, seq_len=args.seq_len,
-                           vocab=args.vocab, ttt_steps=args.ttt_steps, fresh=args.fresh)
+    sets = tuple(name.strip() for name in args.prompt_sets.split(",") if name.strip())
+    options = TrainOptions(budget_min=args.budget_min, data=args.data, prompt_sets=sets, prompts=args.prompts, new_tokens=args.new_tokens,
+                           corpus=args.corpus, max_tokens=args.tokens, seq_len=args.seq_len, vocab=args.vocab, ttt_steps=args.ttt_steps,
+                           fresh=args.fresh)
     train_draft(load_subject(args.model), options, show_progress=not args.no_progress)
     return 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from paretolab.generation import Generation, forward_with_cache
+from paretolab.kernels.dense_cpu import fast_linears
 from paretolab.plugins._layerwise import decoder_layers
 
 if TYPE_CHECKING:
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 class Drafter(Protocol):
     """Proposes continuations; keeps whatever state it needs between calls for one prompt.
 
-    ``feature_layers`` lists target decoder layers whose outputs the drafter wants (EAGLE reads
+    ``modules`` are the drafter's own modules (the generator runs their linears through the CPU
+    kernel too; a drafter that reuses the target's weights has none). ``feature_layers`` lists target decoder layers whose outputs the drafter wants (EAGLE reads
     the target's hidden states); the generator hands them over for every position the target
     has verified. ``propose(ids, features, k)`` gets every token so far (prompt + accepted),
     the target features of the positions verified since the last call — a tensor (n, F) or
@@ -33,6 +36,7 @@ class Drafter(Protocol):
     """
 
     feature_layers: tuple[int, ...]
+    modules: tuple[torch.nn.Module, ...]
 
     def start(self, target: torch.nn.Module) -> None: ...
 
@@ -86,10 +90,10 @@ class SpeculativeGenerator:
     token; 1.0 means no draft was ever accepted, k + 1 is the ceiling).
     """
 
-    def __init__(self, drafter: Drafter, k: int) -> None:
+    def __init__(self, drafter: Drafter, k: int, *, kernels: bool = True) -> None:
         if k < 1:
             raise ValueError(f"speculative decoding needs k >= 1 draft tokens, got k={k}")
-        self.drafter, self.k = drafter, k
+        self.drafter, self.k, self.kernels = drafter, k, kernels
 
     def generate(
         self,
@@ -100,7 +104,9 @@ class SpeculativeGenerator:
         stop_ids: Sequence[int] = (),
         ctx: TrialContext | None = None,
     ) -> Generation:
-        total = Generation.concat([self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids)) for prompt in prompts])
+        modules = (subject.model, *getattr(self.drafter, "modules", ()))
+        with fast_linears(*modules) if self.kernels else nullcontext():
+            total = Generation.concat([self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids)) for prompt in prompts])
         rounds = total.stats["rounds"]
         total.stats = {"mean_accepted_len": total.stats["emitted"] / rounds if rounds else 1.0, "draft_tokens": total.stats["drafted"]}
         return total

@@ -26,6 +26,7 @@ class LayerSkipDrafter:
     """Drafts greedily with the target minus the layers in ``skip`` (its own KV cache, rolled back to what was accepted)."""
 
     feature_layers: tuple[int, ...] = ()
+    modules: tuple[torch.nn.Module, ...] = ()  # it runs on the target's own weights
 
     def __init__(self, skip: Sequence[int]) -> None:
         self.skip = tuple(sorted(skip))

@@ -7,6 +7,7 @@ import torch
 
 from paretolab.errors import ConfigError
 from paretolab.generation import generate
+from paretolab.kernels.dense_cpu import dense_cpu_kernel
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugins.speculative import Speculative
 from paretolab.plugins.speculative.eagle import (
@@ -151,9 +152,9 @@ def test_training_rollout_sees_what_the_inference_chain_sees():
 def tiny_draft_cache(tmp_path_factory):
     """A tiny-llama EAGLE draft trained for a few seconds by the real command, in its own cache dir."""
     cache = tmp_path_factory.mktemp("cache")
-    proc = run_cli("draft", "train", "--model", "tiny-llama", "--budget-min", "0.05", "--tokens", "1024", "--seq-len", "64",
-                   "--vocab", "128", "--no-progress", cwd=cache, env={"PARETOLAB_CACHE": str(cache)})
-    assert "draft saved to" in proc.stdout and "held-out top-1 agreement" in proc.stdout
+    proc = run_cli("draft", "train", "--model", "tiny-llama", "--budget-min", "0.05", "--prompt-sets", "arithmetic,pydoc", "--prompts", "48",
+                   "--new-tokens", "12", "--seq-len", "64", "--vocab", "128", "--no-progress", cwd=cache, env={"PARETOLAB_CACHE": str(cache)})
+    assert "draft saved to" in proc.stdout and "held-out top-1 agreement" in proc.stdout and "held-out accepted length" in proc.stdout
     return cache
 
 
@@ -162,9 +163,13 @@ def test_draft_command_trains_resumes_and_the_draft_decodes_exactly(tiny_draft_c
     first = load_draft("tiny-llama", tiny.model)
     assert first.meta["steps"] >= 1 and 0 < first.vocab.numel() <= 128  # the most frequent target tokens, at most --vocab
     lines: list[str] = []
-    train_draft(tiny, TrainOptions(budget_min=0.02, max_tokens=1024, seq_len=64, vocab=128), log=lines.append, show_progress=False)
-    assert any("continuing the draft" in line for line in lines)  # features were cached, the checkpoint resumed
-    assert load_draft("tiny-llama", tiny.model).meta["steps"] > first.meta["steps"]
+    options = TrainOptions(budget_min=0.02, prompt_sets=("arithmetic", "pydoc"), prompts=48, new_tokens=12, seq_len=64, vocab=128)
+    train_draft(tiny, options, log=lines.append, show_progress=False)
+    assert any("continuing the draft" in line for line in lines)  # data was cached, the checkpoint resumed
+    second = load_draft("tiny-llama", tiny.model)
+    assert second.meta["steps"] > first.meta["steps"]
+    assert [point["tokens"] for point in second.meta["curve"]] == [first.meta["tokens"], second.meta["tokens"]]  # one point a run
+    assert all(1.0 <= tau <= k + 1 for k, tau in enumerate(second.meta["heldout_accepted_len"], start=1))
     prompts = [list(range(30, 50)), [7, 8, 9]]
     reference = generate(tiny, prompts, max_new_tokens=24)
     for k in (1, 4):
@@ -189,7 +194,10 @@ def test_method_measures_against_greedy_in_the_same_run(tiny, tmp_path):
     metrics = method.measure(subject, ctx)
     assert metrics["spec_matches_greedy"] == 1.0
     assert metrics["greedy_decode_tok_s"] > 0 and metrics["spec_decode_tok_s"] > 0
-    assert metrics["speedup_vs_greedy"] == pytest.approx(metrics["spec_decode_tok_s"] / metrics["greedy_decode_tok_s"])
+    # against the faster greedy loop: torch's matmuls, or the dense CPU kernel the speculative generator itself uses
+    assert ("greedy_kernel_decode_tok_s" in metrics) == (dense_cpu_kernel() is not None)
+    best = max(metrics["greedy_decode_tok_s"], metrics.get("greedy_kernel_decode_tok_s", 0.0))
+    assert metrics["speedup_vs_greedy"] == pytest.approx(metrics["spec_decode_tok_s"] / best)
     assert 1.0 <= metrics["mean_accepted_len"] <= 4.0
     assert len(subject.info["speculative"]["skipped_layers"]) == 1
 
@@ -255,3 +263,75 @@ def test_copying_a_subject_does_not_copy_the_target_through_its_generator(tiny, 
     copy = subject.copy()
     assert copy.generator.drafter.model is None and copy.generator.drafter.skip == subject.generator.drafter.skip
     assert generate(copy, PROMPTS[:1], max_new_tokens=6).sequences == reference
+
+
+def test_chain_scores_count_a_chain_until_its_first_wrong_draft(monkeypatch):
+    """Accepted length from planted hits: chains start at every trained row and stop at their first miss."""
+    import paretolab.plugins.speculative.train as train
+
+    vocab = 8
+    target = torch.tensor([[1, 2, 3, 4, 5, 6, -100]])  # the last row is not trained on
+
+    def logits_hitting(rows: set[int]) -> torch.Tensor:
+        wrong = (target.clamp_min(0) + 1) % vocab
+        picks = torch.tensor([[int(target[0, t]) if t in rows else int(wrong[0, t]) for t in range(target.shape[1])]])
+        return torch.nn.functional.one_hot(picks, vocab).float()
+
+    # step 0 (a chain's first draft) right at rows 0, 1, 2, 4; step 1 (its second, one row on) right at rows 1, 2, 4, 5
+    # (at row 4 the chain from row 3 had already failed: that second draft is never verified)
+    planted = [(None, logits_hitting({0, 1, 2, 4}), target), (None, logits_hitting({1, 2, 4, 5}), target)]
+    monkeypatch.setattr(train, "_rollout", lambda *args, **kwargs: planted)
+    scores = train.chain_scores(None, None, None, None, {}, steps=2)
+    # chains from rows 0..4 (row 5's second draft would land on the untrained row 6): 2, 2, 1, 0, 2 drafts accepted
+    assert scores["accepted_len"] == [pytest.approx(1 + 4 / 5), pytest.approx(1 + 4 / 5 + 3 / 5)]
+    assert scores["step_top1"] == [pytest.approx(4 / 6, abs=1e-4), pytest.approx(4 / 6, abs=1e-4)]  # rows right, chain or not
+
+
+def test_choose_k_maximises_accepted_tokens_per_measured_second():
+    from paretolab.plugins.speculative.choose_k import choose_k
+
+    costs = {"verify_s": {1: 0.025, 2: 0.028, 3: 0.033, 4: 0.038, 5: 0.042}, "draft_step_s": 0.002, "draft_first_s": 0.003}
+    k, rates = choose_k([1.8, 2.4, 2.7, 2.8], costs)
+    assert rates[2] == pytest.approx(2.4 / (0.033 + 0.003 + 0.002))
+    assert k == max(rates, key=rates.get) == 2
+    k, _ = choose_k([1.9, 2.0, 2.05, 2.1], costs)  # later drafts almost never land: one draft is best
+    assert k == 1
+
+
+def test_k_auto_measures_costs_and_picks_from_the_drafts_acceptance(tiny_draft_cache, monkeypatch, tiny, tmp_path):
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tiny_draft_cache))
+    ctx = TrialContext(seed=0, workdir=tmp_path / "trial")
+    subject = Speculative().transform(tiny, {"draft": "eagle", "k": "auto", "prompts": 2, "new_tokens": 8}, ctx)
+    auto = subject.info["speculative"]["k_auto"]
+    rates = {int(k): r for k, r in auto["predicted_tok_s"].items()}
+    assert subject.generator.k == subject.info["speculative"]["k"] == max(rates, key=rates.get)
+    assert set(rates) == set(range(1, len(load_draft("tiny-llama", tiny.model).meta["heldout_accepted_len"]) + 1))
+    assert all(v > 0 for v in auto["verify_ms"].values()) and auto["draft_step_ms"] >= 0
+    with pytest.raises(ConfigError, match="speculative.k"):
+        Speculative().transform(tiny, {"draft": "self", "k": "auto", "skip": 1}, ctx)
+    with pytest.raises(ConfigError, match="whole number"):
+        Speculative().transform(tiny, {"draft": "self", "k": 2.5, "skip": 1}, ctx)
+
+
+def test_a_draft_started_from_the_target_computes_its_last_layer(tiny):
+    """init_from_target: fed the high feature h and a zero embedding, the draft's layer is the target's last layer on h."""
+    from paretolab.plugins.speculative.eagle import init_from_target
+
+    model = tiny.model
+    draft = EagleDraft(EagleConfig.for_target(model))
+    assert init_from_target(draft, model)
+    torch.manual_seed(0)
+    length, d = 5, model.config.hidden_size
+    h = torch.randn(1, length, d)
+    positions = torch.arange(length)[None]
+    cos_sin = model.model.rotary_emb(h, positions)
+    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
+    out = model.model.layers[-1](h, attention_mask=mask, position_ids=positions, position_embeddings=cos_sin)
+    expected = out[0] if isinstance(out, tuple) else out
+    n = len(draft.config.feature_layers)
+    features = torch.cat([torch.randn(1, length, d) for _ in range(n - 1)] + [h], dim=-1)  # only the high one is read
+    with torch.no_grad():
+        x = draft.inputs(torch.zeros(1, length, d), draft.fc(features))
+        residual, q, k, v = draft.keys_values(x, positions[0])
+        hidden, _ = draft.finish(residual, q, k, v, torch.ones(length, length, dtype=torch.bool).tril())
+    torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,242 @@
+"""Speculative decoding (EAGLE draft) vs greedy decoding on SmolLM2-135M, batch 1, side by side in one run.
+
+    python benchmarks/speculative_cpu.py                               # arithmetic and prose, k = 1..5 and auto
+    python benchmarks/speculative_cpu.py --k 2,3,auto --prompts 4 --out spec.json
+
+Prompt sets (eval parts, never trained on by the draft; see plugins/speculative/corpus.py):
+``arithmetic`` is GSM8K questions in the chat template (the model writes its worked arithmetic),
+or the generated arithmetic problems where the GSM8K file is missing; ``prose`` is WikiText-2
+held-out text to continue (pydoc where WikiText-2 is missing). The JSON names the set it used.
+
+Contenders, each decoding the same prompts greedily to the end of sequence or ``--new-tokens``:
+``hf_generate`` (transformers' ``generate``), ``greedy`` (our KV-cached loop, torch's matmuls:
+the unmodified model), ``greedy_kernel`` (our loop, linears through the dense CPU kernel that
+the speculative generator also uses), and ``spec_k<k>`` (the speculative generator with the
+EAGLE draft, k drafts per verify; ``spec_kauto``: k chosen by measured acceptance and cost).
+Every prompt runs every contender ``--repeats`` times, the order rotating; a contender's time on
+a prompt is the median of its repeats, end to end (prefill included), after one warm-up call of
+each contender on the first prompt (its time is reported as ``cold_s``: first call in the
+process). A speed-up is per prompt (``greedy_best``: the faster of greedy and greedy_kernel on
+that prompt), summarised over prompts by the geometric mean with a 95 % t-interval of the log
+ratios: the prompts are the replicates. ``identical``: the speculative tokens equal the
+unmodified model's greedy tokens (and greedy_kernel's) on every prompt. ``time_split``: one more
+instrumented pass of the speculative generator (k auto, else the largest k) saying where a round's
+time goes: the target's verify forward, the draft's proposals, and the loop's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.generation import BatchedGenerator
+from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
+from paretolab.models import load_subject
+from paretolab.plugins.speculative.choose_k import choose_k, measure_costs
+from paretolab.plugins.speculative.corpus import available_sets, prompt_set
+from paretolab.plugins.speculative.eagle import EagleDrafter
+from paretolab.plugins.speculative.generator import SpeculativeGenerator
+from paretolab.plugins.speculative.train import load_draft
+
+SETS = {"arithmetic": ("gsm8k", "arithmetic"), "prose": ("wikitext2", "pydoc")}  # first whose data is here
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 15: 2.131, 20: 2.093}
+
+
+def t_quantile(df: int) -> float:
+    return T_975.get(df) or T_975[max(k for k in T_975 if k <= df)] if df >= 1 else float("nan")
+
+
+def geo_summary(ratios: list[float]) -> dict[str, Any]:
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"geomean": math.exp(mean), "ci95": None, "per_prompt": ratios}
+    half = t_quantile(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {"geomean": round(math.exp(mean), 4), "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
+            "per_prompt": [round(r, 4) for r in ratios]}
+
+
+def contenders(subject: Any, ks: list[int | str], auto_k: int | None) -> dict[str, Callable[[list[int], int], list[int]]]:
+    model, eos = subject.model, subject.tokenizer.eos_token_id
+
+    def hf(prompt: list[int], n: int) -> list[int]:
+        ids = torch.tensor([prompt], dtype=torch.long, device=subject.device)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, temperature=None,
+                             top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos)
+        return out[0, ids.shape[1]:].tolist()
+
+    def greedy(prompt: list[int], n: int) -> list[int]:
+        return BatchedGenerator(batch_size=1).generate(subject, [prompt], max_new_tokens=n, stop_ids=[eos]).sequences[0]
+
+    def greedy_kernel(prompt: list[int], n: int) -> list[int]:
+        with fast_linears(model):
+            return greedy(prompt, n)
+
+    out: dict[str, Callable[[list[int], int], list[int]]] = {"hf_generate": hf, "greedy": greedy}
+    if dense_cpu_kernel() is not None:
+        out["greedy_kernel"] = greedy_kernel
+    loaded = load_draft(subject.model_name, model)
+    for k in ks:
+        kk = auto_k if k == "auto" else int(k)
+        if kk is None:
+            continue
+        generator = SpeculativeGenerator(EagleDrafter(loaded), kk)
+        stats: dict[str, list[float]] = {}
+
+        def spec(prompt: list[int], n: int, generator: SpeculativeGenerator = generator, stats: dict[str, list[float]] = stats) -> list[int]:
+            result = generator.generate(subject, [prompt], max_new_tokens=n, stop_ids=[eos])
+            stats.setdefault("accepted", []).append(result.stats["mean_accepted_len"])
+            return result.sequences[0]
+
+        spec.stats = stats  # type: ignore[attr-defined]
+        out[f"spec_k{k}"] = spec
+    return out
+
+
+def run_set(subject: Any, name: str, prompts: list[list[int]], new_tokens: int, repeats: int, ks: list[int | str], auto_k: int | None) -> dict[str, Any]:
+    arms = contenders(subject, ks, auto_k)
+    names = list(arms)
+    cold = {}
+    for arm, fn in arms.items():
+        start = time.perf_counter()
+        fn(prompts[0], new_tokens)
+        cold[arm] = round(time.perf_counter() - start, 3)
+    times: dict[str, list[float]] = {arm: [] for arm in names}
+    tokens: dict[str, list[list[int]]] = {arm: [] for arm in names}
+    for i, prompt in enumerate(prompts):
+        per: dict[str, list[float]] = {arm: [] for arm in names}
+        for r in range(repeats):
+            shift = (i * repeats + r) % len(names)
+            for arm in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                seq = arms[arm](prompt, new_tokens)
+                per[arm].append(time.perf_counter() - start)
+                if r == 0:
+                    tokens[arm].append(seq)
+        for arm in names:
+            times[arm].append(statistics.median(per[arm]))
+    n_tokens = [len(seq) for seq in tokens["greedy"]]
+    rate = {arm: [n / t for n, t in zip(n_tokens, times[arm], strict=True)] for arm in names}
+    best = [max(g, k) for g, k in zip(rate["greedy"], rate.get("greedy_kernel", rate["greedy"]), strict=True)]
+    result: dict[str, Any] = {
+        "prompt_set": name, "prompts": len(prompts), "new_tokens_max": new_tokens, "tokens_per_prompt": n_tokens,
+        "tok_s": {arm: round(sum(n_tokens) / sum(times[arm]), 2) for arm in names}, "cold_s": cold,
+        "greedy_kernel_over_greedy": geo_summary([k / g for k, g in zip(rate.get("greedy_kernel", rate["greedy"]), rate["greedy"], strict=True)]),
+        "greedy_over_hf_generate": geo_summary([g / h for g, h in zip(rate["greedy"], rate["hf_generate"], strict=True)]),
+        "spec": {},
+    }
+    for arm in names:
+        if not arm.startswith("spec_"):
+            continue
+        fn = arms[arm]
+        result["spec"][arm] = {
+            "accepted_len": round(statistics.fmean(fn.stats["accepted"][1:]), 3),  # type: ignore[attr-defined]  (warm-up call left out)
+            "over_greedy_best": geo_summary([s / b for s, b in zip(rate[arm], best, strict=True)]),
+            "over_greedy_torch": geo_summary([s / g for s, g in zip(rate[arm], rate["greedy"], strict=True)]),
+            "over_hf_generate": geo_summary([s / h for s, h in zip(rate[arm], rate["hf_generate"], strict=True)]),
+            "identical_to_greedy": tokens[arm] == tokens["greedy"],
+            "identical_to_greedy_kernel": tokens[arm] == tokens.get("greedy_kernel", tokens["greedy"]),
+        }
+    result["hf_identical_to_greedy"] = tokens["hf_generate"] == tokens["greedy"]
+    return result
+
+
+def time_split(subject: Any, k: int, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Where a speculative round's time goes (one extra run per prompt, instrumented): verify, draft, the loop's own."""
+    import paretolab.plugins.speculative.generator as gen
+
+    spent = {"verify": 0.0, "draft": 0.0}
+    real_forward = gen.forward_with_cache
+    generator = SpeculativeGenerator(EagleDrafter(load_draft(subject.model_name, subject.model)), k)
+    real_propose = generator.drafter.propose
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real_forward(*args, **kwargs)
+        finally:
+            spent["verify"] += time.perf_counter() - start
+
+    def propose(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real_propose(*args, **kwargs)
+        finally:
+            spent["draft"] += time.perf_counter() - start
+
+    generator.drafter.propose = propose  # type: ignore[method-assign]
+    gen.forward_with_cache = forward
+    try:
+        generator.generate(subject, prompts[:1], max_new_tokens=8)
+        spent.update(verify=0.0, draft=0.0)
+        rounds, total, prefill = 0.0, 0.0, 0.0
+        for prompt in prompts:
+            start = time.perf_counter()
+            out = generator.generate(subject, [prompt], max_new_tokens=new_tokens, stop_ids=[subject.tokenizer.eos_token_id])
+            total += time.perf_counter() - start
+            prefill += out.prefill_s
+            rounds += out.tokens_sequential - 1
+    finally:
+        gen.forward_with_cache = real_forward
+    verify = spent["verify"] - prefill  # the prefill's forward is the same call
+    return {"rounds": rounds, "verify_ms_per_round": 1e3 * verify / rounds, "draft_ms_per_round": 1e3 * spent["draft"] / rounds,
+            "loop_ms_per_round": 1e3 * (total - prefill - verify - spent["draft"]) / rounds, "prefill_ms_per_prompt": 1e3 * prefill / len(prompts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--sets", default="arithmetic,prose", help="comma-separated: arithmetic, prose")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8)")
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="length of a prose prompt")
+    parser.add_argument("--k", default="1,2,3,4,5,auto", help="draft lengths; auto: chosen by measured acceptance and cost")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", default="speculative_cpu.json")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    subject = load_subject(args.model)
+    ks: list[int | str] = [k if k == "auto" else int(k) for k in args.k.split(",")]
+    loaded = load_draft(subject.model_name, subject.model)
+    report: dict[str, Any] = {
+        "model": args.model, "threads": torch.get_num_threads(), "kernel": dense_cpu_kernel(), "load_before": os.getloadavg(),
+        "draft": {key: loaded.meta.get(key) for key in ("steps", "tokens", "train_s", "data", "prompt_sets", "heldout_step_acc", "heldout_accepted_len", "curve")},
+        "sets": {},
+    }
+    auto_k = None
+    if "auto" in ks:
+        warm = prompt_set(subject.tokenizer, "pydoc", "eval", 1, length=args.prompt_tokens)[0]
+        costs = measure_costs(subject.model, EagleDrafter(loaded), warm, len(loaded.meta["heldout_accepted_len"]))
+        auto_k, rates = choose_k(loaded.meta["heldout_accepted_len"], costs)
+        report["k_auto"] = {"k": auto_k, "predicted_tok_s": rates, "verify_ms": {t: v * 1e3 for t, v in costs["verify_s"].items()},
+                            "draft_step_ms": costs["draft_step_s"] * 1e3, "draft_first_ms": costs["draft_first_s"] * 1e3}
+        print(f"k auto = {auto_k}: predicted tok/s {', '.join(f'k={k}: {r:.1f}' for k, r in rates.items())}")
+    for kind in args.sets.split(","):
+        name = available_sets(SETS[kind])[0]
+        prompts = prompt_set(subject.tokenizer, name, "eval", args.prompts, length=args.prompt_tokens)
+        result = run_set(subject, name, prompts, args.new_tokens, args.repeats, ks, auto_k)
+        split_k = auto_k or max(int(k) for k in ks if k != "auto")
+        result["time_split"] = {"k": split_k, **time_split(subject, split_k, prompts, args.new_tokens)}
+        report["sets"][kind] = result
+        print(f"{kind} ({name}): tok/s {result['tok_s']}")
+        for arm, r in result["spec"].items():
+            print(f"  {arm}: accepted {r['accepted_len']}, x{r['over_greedy_best']['geomean']} {r['over_greedy_best']['ci95']} the faster greedy, "
+                  f"x{r['over_hf_generate']['geomean']} hf generate, identical {r['identical_to_greedy']}")
+    report["load_after"] = os.getloadavg()
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
