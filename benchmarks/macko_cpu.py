@@ -6,7 +6,9 @@
 SpMV: shapes are SmolLM2-135M's (576x576 attention, 1536x576 gate/up, 576x1536 down) and a
 4096x4096; each row of a random matrix keeps exactly ``cols * (1 - sparsity)`` entries (per-row
 pruning), fp16 values. Batch 1 (one token). Three contenders, each ``F.linear`` of one token:
-MACKO (``macko_spmv_cpu``), dense fp32, dense bf16. Two working sets per cell:
+MACKO (``macko_spmv_cpu``), dense fp32, dense bf16 (torch), and where it is built the dense CPU
+kernel with fp32 and with bf16 weights (``kernel_fp32``, ``kernel_bf16``); ``faster_dense_over_macko``
+is against the fastest dense contender. Two working sets per cell:
 ``hot``: one matrix, called again and again (it stays in the caches; for the small shapes this
 is L2/L3 bandwidth, not memory); ``cold``: enough distinct copies cycled that the matrices of
 every contender exceed ``--cold-mb`` (default 128 MB, 4x the 32 MB L3 here), as in decoding, where
@@ -16,7 +18,12 @@ per-round ratios ``dense time / MACKO time`` (> 1: MACKO is faster).
 
 Decode: SmolLM2-135M greedy decoding at batch 1 after a 16-token prompt: dense fp32, dense bf16
 (``model.to(bfloat16)``) and ``macko`` at 50 % (magnitude scores, fp16 values; the LM head
-stays dense fp32: the method leaves it alone). Each round times a run of ``--new-tokens`` and a
+stays dense fp32: the method leaves it alone); where the dense CPU kernel is built
+(``paretolab.kernels.dense_cpu``) also ``dense_fp32_kernel`` (the dense model's linears through it:
+each weight read once at memory speed, the strongest dense baseline here) and
+``dense_bf16_kernel`` (every linear's weight in bf16, activations fp32, through it: dense bf16 at
+half fp32's bytes) and ``macko_kernel_head`` (macko with its dense LM head through it). ``faster_dense`` is the fastest
+dense contender, ``faster_macko_over_faster_dense`` the best macko against it. Each round times a run of ``--new-tokens`` and a
 run of 1 token (prompt and first token); their difference over ``new_tokens - 1`` is the time
 of one decoding step (``*_decode_tok_s``; end to end, prompt included, beside it). Rounds
 interleaved, medians; ``macko_over_*`` are medians of per-round step-time ratios (> 1: macko
@@ -41,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_encode
+from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears, linear_cpu
 from paretolab.kernels.macko_cpu import macko_cpu_kernel, macko_spmv_cpu
 from paretolab.measure.timing import node_lock, torch_threads
 
@@ -89,7 +97,7 @@ def spmv_cells(shapes: list[tuple[int, int]], sparsities: list[float], rounds: i
                 w16 = [w.bfloat16() for _ in range(n)]
                 x = torch.randn(1, cols)
                 x16 = x.bfloat16()
-                at = {"macko": 0, "dense_fp32": 0, "dense_bf16": 0}
+                at = {"macko": 0, "dense_fp32": 0, "dense_bf16": 0, "kernel_fp32": 0, "kernel_bf16": 0}
 
                 def cycle(name: str, call: Callable[[int], object]) -> Callable[[], object]:
                     def run() -> object:
@@ -103,6 +111,8 @@ def spmv_cells(shapes: list[tuple[int, int]], sparsities: list[float], rounds: i
                     "macko": cycle("macko", lambda i: macko_spmv_cpu(fmts[i], x)),
                     "dense_fp32": cycle("dense_fp32", lambda i: F.linear(x, w32[i])),
                     "dense_bf16": cycle("dense_bf16", lambda i: F.linear(x16, w16[i])),
+                    **({"kernel_fp32": cycle("kernel_fp32", lambda i: linear_cpu(x, w32[i])),
+                        "kernel_bf16": cycle("kernel_bf16", lambda i: linear_cpu(x, w16[i]))} if dense_cpu_kernel() else {}),
                 }, rounds, inner)
                 med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
                 cell = {
@@ -112,13 +122,29 @@ def spmv_cells(shapes: list[tuple[int, int]], sparsities: list[float], rounds: i
                     "macko_bytes_over_fp32": fmts[0].nbytes / dense_bytes((rows, cols), 32),
                     "macko_bytes_over_bf16": fmts[0].nbytes / dense_bytes((rows, cols), 16),
                 }
-                cell["faster_dense_over_macko"] = min(cell["fp32_over_macko"], cell["bf16_over_macko"])
+                if "kernel_fp32" in times:  # dense through the dense CPU kernel (paretolab.kernels.dense_cpu): reads each weight once at memory speed
+                    cell.update({"kernel_fp32_us": med["kernel_fp32"], "kernel_bf16_us": med["kernel_bf16"],
+                                 "kernel_fp32_over_macko": ratio(times, "kernel_fp32"), "kernel_bf16_over_macko": ratio(times, "kernel_bf16")})
+                cell["faster_dense_over_macko"] = min(v for k, v in cell.items() if k.endswith("_over_macko"))
                 cells.append(cell)
                 print(f"{cell['shape']:>10} {sparsity:>4.0%} {regime:>4} x{n:<4} macko {med['macko']:9.1f} us  fp32 {med['dense_fp32']:9.1f}  "
-                      f"bf16 {med['dense_bf16']:9.1f}  | fp32/macko {cell['fp32_over_macko']:5.2f}  bf16/macko {cell['bf16_over_macko']:5.2f}",
+                      f"bf16 {med['dense_bf16']:9.1f}  | fp32/macko {cell['fp32_over_macko']:5.2f}  bf16/macko {cell['bf16_over_macko']:5.2f}  "
+                      f"faster dense/macko {cell['faster_dense_over_macko']:5.2f}",
                       flush=True)
                 del fmts, w32, w16
     return cells
+
+
+def bf16_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """Every nn.Linear's weight in bf16, activations left fp32: dense bf16 as the dense kernel reads it (half fp32's bytes).
+
+    A tied LM head gets its own bf16 copy; the embedding stays fp32. Only the dense kernel takes
+    bf16 weights with fp32 inputs, so this model runs under ``fast_linears`` with at most 16 tokens a forward.
+    """
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.weight = torch.nn.Parameter(module.weight.detach().to(torch.bfloat16).clone(), requires_grad=False)
+    return model
 
 
 def decode_cells(model_name: str, new_tokens: int, rounds: int) -> dict[str, object]:
@@ -138,22 +164,41 @@ def decode_cells(model_name: str, new_tokens: int, rounds: int) -> dict[str, obj
     with torch.no_grad():
         for name, m in models.items():
             outs[name] = greedy_decode(m, prompt, new_tokens)
+        kernels = {}
+        if dense_cpu_kernel():  # the same weights, linears through the dense CPU kernel (macko: its dense fp32 LM head)
+            kernels = {"dense_fp32_kernel": models["dense_fp32"], "dense_bf16_kernel": bf16_weights(load_subject(model_name).model).eval(),
+                       "macko_kernel_head": models["macko"]}
+            for name, m in kernels.items():
+                with fast_linears(m):
+                    outs[name] = greedy_decode(m, prompt, new_tokens)
+
+        def decode(m: torch.nn.Module, n: int, kernel: bool) -> object:
+            if not kernel:
+                return greedy_decode(m, prompt, n)
+            with fast_linears(m):
+                return greedy_decode(m, prompt, n)
+
         calls = {}
-        for name, m in models.items():  # the prompt's forward and one token, then the whole run: the difference is decoding only
-            calls[f"{name}:1"] = lambda m=m: greedy_decode(m, prompt, 1)
-            calls[name] = lambda m=m: greedy_decode(m, prompt, new_tokens)
+        for name, m in [*models.items(), *kernels.items()]:  # the prompt's forward and one token, then the whole run: the difference is decoding only
+            calls[f"{name}:1"] = lambda m=m, k=name in kernels: decode(m, 1, k)
+            calls[name] = lambda m=m, k=name in kernels: decode(m, new_tokens, k)
         times = interleaved(calls, rounds, 1)
+        models = {**models, **kernels}
     step = {name: [(t - t1) / (new_tokens - 1) for t, t1 in zip(times[name], times[f"{name}:1"], strict=True)] for name in models}
     tok_s = {k: 1 / statistics.median(v) for k, v in step.items()}
     end_to_end = {k: new_tokens / statistics.median(times[k]) for k in models}
-    faster = max(("dense_fp32", "dense_bf16"), key=lambda k: tok_s[k])
+    faster = max([k for k in tok_s if k.startswith("dense_")], key=lambda k: tok_s[k])
+    fastest_macko = max([k for k in tok_s if k.startswith("macko")], key=lambda k: tok_s[k])
     result = {
         "model": model_name, "prompt_tokens": 16, "new_tokens": new_tokens, "rounds": rounds,
         **{f"{k}_decode_tok_s": v for k, v in tok_s.items()},
         **{f"{k}_end_to_end_tok_s": v for k, v in end_to_end.items()},
         "macko_over_fp32": ratio(step, "dense_fp32"), "macko_over_bf16": ratio(step, "dense_bf16"),
         "faster_dense": faster, "macko_over_faster_dense": ratio(step, faster),
+        "faster_macko": fastest_macko, "faster_macko_over_faster_dense": ratio(step, faster, fastest_macko),
         "macko_tokens_equal_fp32": bool(torch.equal(outs["macko"], outs["dense_fp32"])),
+        **({"dense_kernel_tokens_equal_fp32": bool(torch.equal(outs["dense_fp32_kernel"], outs["dense_fp32"])),
+            "dense_bf16_kernel_tokens_equal_fp32": bool(torch.equal(outs["dense_bf16_kernel"], outs["dense_fp32"]))} if kernels else {}),
     }
     print(json.dumps(result, indent=1), flush=True)
     return result

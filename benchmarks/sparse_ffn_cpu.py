@@ -10,6 +10,9 @@ many units are active, not which). Batch 1. The contenders, each computing
 down(relu(x W_gate) * (x W_up)) for one token:
 
 - ``dense``: three ``F.linear`` calls (what the model does without the sparse path);
+- ``dense_kernel``: the same three products through the dense CPU kernel
+  (``paretolab.kernels.dense_cpu``: each weight read once at memory speed; the strongest dense
+  FFN here, so ``faster_dense_over_kernel`` is the ratio that counts);
 - ``index_select``: l1_sparsity's PyTorch sparse path (dense gate, ``index_select`` of the
   active rows of up and of down transposed);
 - ``kernel``: ``paretolab.kernels.sparse_ffn_cpu`` (dense gate, then only active rows, in C).
@@ -33,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from paretolab.kernels.dense_cpu import dense_cpu_kernel, linear_cpu
 from paretolab.kernels.sparse_ffn_cpu import ffn_bytes, sparse_ffn_cpu, sparse_ffn_kernel
 from paretolab.measure.timing import node_lock, torch_threads
 from paretolab.plugins import l1_sparsity
@@ -87,7 +91,8 @@ def main() -> None:
                 kernel_out = sparse_ffn_cpu(x, w0["gate"], w0["up"], w0["down_t"], "relu")
                 torch.testing.assert_close(kernel_out, dense_out, rtol=1e-4, atol=1e-5)  # time only a right answer
                 active = int((F.linear(x, w0["gate"]) > 0).sum())
-                at = {"kernel": 0, "dense": 0, "index_select": 0}
+                at = {"kernel": 0, "dense": 0, "index_select": 0, "dense_kernel": 0}
+                xf = x.reshape(1, HIDDEN)
 
                 def cycled(name: str, call):  # type: ignore[no-untyped-def]
                     def run() -> object:
@@ -99,6 +104,8 @@ def main() -> None:
                     "kernel": cycled("kernel", lambda w: sparse_ffn_cpu(x, w["gate"], w["up"], w["down_t"], "relu")),
                     "dense": cycled("dense", lambda w: F.linear(torch.relu(F.linear(x, w["gate"])) * F.linear(x, w["up"]), w["down"])),
                     "index_select": cycled("index_select", lambda w: index_select_path(x, w)),
+                    **({"dense_kernel": cycled("dense_kernel", lambda w: linear_cpu(torch.relu(linear_cpu(xf, w["gate"])) * linear_cpu(xf, w["up"]), w["down"]))}
+                       if dense_cpu_kernel() else {}),
                 }, args.rounds, 30)
                 med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
                 cell = {"sparsity": sparsity, "regime": regime, "layers": n, "active_units": active,
@@ -107,10 +114,14 @@ def main() -> None:
                         "index_select_over_kernel": ratio(times, "index_select", "kernel"),
                         "dense_over_index_select": ratio(times, "dense", "index_select"),
                         **ffn_bytes(HIDDEN, UNITS, active)}
+                if "dense_kernel" in times:
+                    cell.update({"dense_kernel_us": med["dense_kernel"], "dense_kernel_over_kernel": ratio(times, "dense_kernel", "kernel")})
+                cell["faster_dense_over_kernel"] = min(cell["dense_over_kernel"], cell.get("dense_kernel_over_kernel", float("inf")))
                 cells.append(cell)
                 print(f"{sparsity:>5.0%} {regime:>4} x{n:<3} active {active:>4}  kernel {med['kernel']:7.1f} us  dense {med['dense']:7.1f}  "
                       f"index_select {med['index_select']:7.1f}  | dense/kernel {cell['dense_over_kernel']:5.2f}  "
-                      f"index_select/kernel {cell['index_select_over_kernel']:5.2f}  bytes avoided {cell['avoided_share']:.0%}", flush=True)
+                      f"index_select/kernel {cell['index_select_over_kernel']:5.2f}  faster dense/kernel {cell['faster_dense_over_kernel']:5.2f}  "
+                      f"bytes avoided {cell['avoided_share']:.0%}", flush=True)
                 del layers
     report = {"benchmark": "sparse_ffn_cpu", "kernel": sparse_ffn_kernel(), "threads": threads, "cpus": os.cpu_count(),
               "shape": {"hidden": HIDDEN, "intermediate": UNITS}, "load_average_before": load_before,

@@ -15,6 +15,9 @@
  * alone or beside other rows, and with one thread or many: the property a speculative verify
  * needs to reproduce one-token greedy decoding exactly.
  *
+ * Each step also asks for the weights 512 elements ahead into L2 (_mm_prefetch, T1): without it the
+ * hardware prefetcher falls behind once the FMAs of several rows of x keep the core busy.
+ *
  * Threads: OpenMP (torch's own libgomp.so.1, one pool for both) over blocks of output rows.
  * Two paths picked at run time: AVX-512 (x86 with avx512f) and portable scalar C (other CPUs;
  * the same arithmetic up to rounding; the tests compare both with torch).
@@ -33,6 +36,7 @@
 #endif
 
 #define ROWS_PER_PASS 8
+#define PREFETCH 512 /* elements of W ahead, into L2: the stream stays ahead of the FMAs (4 rows of x: 23 -> 18 ms a model, 1 row: 15 -> 12) */
 
 typedef struct {
     const float *x;
@@ -99,6 +103,7 @@ AVX512 static inline __m512 load_w_tail(const void *w, int64_t at, __mmask16 mas
         for (int r = 0; r < ROWS; r++) even[r] = odd[r] = _mm512_setzero_ps();                                \
         int64_t j = 0;                                                                                        \
         for (; j + 32 <= k; j += 32) {                                                                        \
+            _mm_prefetch((const char *)p->w + (row + j + PREFETCH) * (p->bf16 ? 2 : 4), _MM_HINT_T1);           \
             __m512 w0 = load_w(p->w, row + j, p->bf16), w1 = load_w(p->w, row + j + 16, p->bf16);             \
             for (int r = 0; r < ROWS; r++) {                                                                  \
                 even[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + j), even[r]);                       \
