@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from scipy.stats import t as student_t
 
 from paretolab.generation import BatchedGenerator
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
@@ -48,19 +49,12 @@ from paretolab.plugins.speculative.generator import SpeculativeGenerator
 from paretolab.plugins.speculative.train import load_draft
 
 SETS = {"arithmetic": ("gsm8k", "arithmetic"), "prose": ("wikitext2", "pydoc")}  # first whose data is here
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 15: 2.131, 20: 2.093}
-
-
-def t_quantile(df: int) -> float:
-    return T_975.get(df) or T_975[max(k for k in T_975 if k <= df)] if df >= 1 else float("nan")
-
-
 def geo_summary(ratios: list[float]) -> dict[str, Any]:
     logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return {"geomean": math.exp(mean), "ci95": None, "per_prompt": ratios}
-    half = t_quantile(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = float(student_t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
     return {"geomean": round(math.exp(mean), 4), "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
             "per_prompt": [round(r, 4) for r in ratios]}
 
@@ -157,22 +151,17 @@ def time_split(subject: Any, k: int, prompts: list[list[int]], new_tokens: int) 
     spent = {"verify": 0.0, "draft": 0.0}
     real_forward = gen.forward_with_cache
     generator = SpeculativeGenerator(EagleDrafter(load_draft(subject.model_name, subject.model)), k)
-    real_propose = generator.drafter.propose
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real_forward(*args, **kwargs)
-        finally:
-            spent["verify"] += time.perf_counter() - start
+    def timed(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - start
+        return run
 
-    def propose(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real_propose(*args, **kwargs)
-        finally:
-            spent["draft"] += time.perf_counter() - start
-
+    forward, propose = timed(real_forward, "verify"), timed(generator.drafter.propose, "draft")
     generator.drafter.propose = propose  # type: ignore[method-assign]
     gen.forward_with_cache = forward
     try:

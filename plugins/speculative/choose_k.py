@@ -13,7 +13,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -37,11 +36,11 @@ def _median_s(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
 
 
 @torch.no_grad()
-def measure_costs(model: torch.nn.Module, drafter: Drafter, prompt: Sequence[int], k_max: int, *, kernels: bool = True) -> dict[str, Any]:
+def measure_costs(model: torch.nn.Module, drafter: Drafter, prompt: Sequence[int], k_max: int) -> dict[str, Any]:
     """Seconds of a (T)-token verify for T = 1..k_max+1 and of one draft step, after ``prompt`` is in the cache."""
     device = next(model.parameters()).device
     modules = (model, *getattr(drafter, "modules", ()))
-    with fast_linears(*modules) if kernels else nullcontext(), TargetFeatures(model, drafter.feature_layers) as watch:
+    with fast_linears(*modules), TargetFeatures(model, drafter.feature_layers) as watch:
         logits, cache = forward_with_cache(model, torch.tensor([list(prompt)], device=device), last_only=True)
         features = watch.last()
         length = cache.get_seq_length()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -90,10 +89,10 @@ class SpeculativeGenerator:
     token; 1.0 means no draft was ever accepted, k + 1 is the ceiling).
     """
 
-    def __init__(self, drafter: Drafter, k: int, *, kernels: bool = True) -> None:
+    def __init__(self, drafter: Drafter, k: int) -> None:
         if k < 1:
             raise ValueError(f"speculative decoding needs k >= 1 draft tokens, got k={k}")
-        self.drafter, self.k, self.kernels = drafter, k, kernels
+        self.drafter, self.k = drafter, k
 
     def generate(
         self,
@@ -105,7 +104,7 @@ class SpeculativeGenerator:
         ctx: TrialContext | None = None,
     ) -> Generation:
         modules = (subject.model, *getattr(self.drafter, "modules", ()))
-        with fast_linears(*modules) if self.kernels else nullcontext():
+        with fast_linears(*modules):  # a no-op where the kernel is off (PARETOLAB_CPU_KERNELS=0) or the model is not on the CPU
             total = Generation.concat([self._one(subject.model, list(prompt), max_new_tokens, set(stop_ids)) for prompt in prompts])
         rounds = total.stats["rounds"]
         total.stats = {"mean_accepted_len": total.stats["emitted"] / rounds if rounds else 1.0, "draft_tokens": total.stats["drafted"]}
