@@ -10,7 +10,9 @@
  *
  * Threads (OpenMP, torch's own libgomp.so.1): phase 1 splits the units, phase 2 the columns of
  * out; a unit's dot products and a column's sum over units (in unit order) are done by one
- * thread, so the result is bit-identical for any thread count. The Python wrapper
+ * thread, so the result is bit-identical for any thread count. Software prefetch (a hint, into L2)
+ * keeps the weights' streams ahead of the sums: the gate 6 KB ahead, each active unit's up and
+ * down rows while the previous unit is summed. The Python wrapper
  * (kernels/sparse_ffn_cpu.py) checks dtypes, shapes and contiguity and passes raw addresses.
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,6 +26,8 @@
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
+
+#define PREFETCH_BYTES 6144 /* how far ahead the gate stream is asked for (as the dense kernel) */
 
 typedef struct {
     const float *x, *gate, *up, *down_t;
@@ -99,26 +103,52 @@ static void axpy(float *out, const float *w, float h, int64_t n, int vector) {
     axpy_scalar(out, w, h, n);
 }
 
-/* Phase 1 for units [u0, u1): h_i, and the count of active units. */
+/* Ask for the lines of `bytes` bytes at `at` into L2 (a hint: never faults, changes no result). */
+static inline void prefetch_span(const void *at, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)at + b, 0, 2);
+}
+
+/* The first unit at or after i with h != 0 (or `end`). */
+static inline int64_t first_active(const float *h, int64_t i, int64_t end) {
+    for (; i < end && h[i] == 0.0f; i++) {}
+    return i;
+}
+
+/* Phase 1 for units [u0, u1): h_i, and the count of active units. First every gate row, in order,
+ * its lines asked for PREFETCH_BYTES ahead (one stream: the rows are contiguous); then the up rows
+ * of the active units, each asked for while the previous one is summed (which rows are needed is
+ * known only now, so the hardware prefetcher cannot guess them). */
 static int64_t hidden_units(const Ffn *p, int64_t u0, int64_t u1, int vector) {
+    const int64_t row_bytes = p->hidden * (int64_t)sizeof(float);
     int64_t active = 0;
     for (int64_t i = u0; i < u1; i++) {
-        float a = activate(dot(p->gate + i * p->hidden, p->x, p->hidden, vector), p->relu2);
-        if (a != 0.0f) {
-            active++;
-            p->h[i] = a * dot(p->up + i * p->hidden, p->x, p->hidden, vector);
-        } else {
-            p->h[i] = 0.0f;
-        }
+        prefetch_span((const char *)(p->gate + i * p->hidden) + PREFETCH_BYTES, row_bytes);
+        p->h[i] = activate(dot(p->gate + i * p->hidden, p->x, p->hidden, vector), p->relu2);
+    }
+    int64_t i = first_active(p->h, u0, u1);
+    if (i < u1) prefetch_span(p->up + i * p->hidden, row_bytes);
+    while (i < u1) {
+        int64_t next = first_active(p->h, i + 1, u1);
+        if (next < u1) prefetch_span(p->up + next * p->hidden, row_bytes);
+        p->h[i] *= dot(p->up + i * p->hidden, p->x, p->hidden, vector);
+        active++;
+        i = next;
     }
     return active;
 }
 
-/* Phase 2 for columns [c0, c1) of out: the sum over units with h != 0, in unit order. */
+/* Phase 2 for columns [c0, c1) of out: the sum over units with h != 0, in unit order; the next
+ * active unit's part of down_t asked for while this one is added. */
 static void down_columns(const Ffn *p, int64_t c0, int64_t c1, int vector) {
+    const int64_t span = (c1 - c0) * (int64_t)sizeof(float);
     memset(p->out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-    for (int64_t i = 0; i < p->units; i++)
-        if (p->h[i] != 0.0f) axpy(p->out + c0, p->down_t + i * p->hidden + c0, p->h[i], c1 - c0, vector);
+    int64_t i = first_active(p->h, 0, p->units);
+    while (i < p->units) {
+        int64_t next = first_active(p->h, i + 1, p->units);
+        if (next < p->units) prefetch_span(p->down_t + next * p->hidden + c0, span);
+        axpy(p->out + c0, p->down_t + i * p->hidden + c0, p->h[i], c1 - c0, vector);
+        i = next;
+    }
 }
 
 static int64_t ffn(const Ffn *p, int threads, int vector) {

@@ -65,6 +65,21 @@ def test_thread_count_does_not_change_a_bit(scalar: bool) -> None:
         assert torch.equal(sparse_ffn_cpu(x, gate, up, down_t, "relu", threads=threads, scalar=scalar), one)
 
 
+@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("alive", [[0], [9], [0, 9], [4, 5], [3]], ids=["first", "last", "ends", "middle", "one"])
+def test_a_few_active_units_at_the_edges_of_each_threads_share(alive: list[int], scalar: bool) -> None:
+    # the kernel walks from one active unit to the next (and asks for its rows ahead): the first and
+    # last unit of each thread's share, and of the whole layer, must each count once
+    gate, up, down = ffn_weights(40, 10, 1.0, seed=7)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(40, generator=gen)
+    for unit in alive:  # a gate row along x: positive for this token
+        gate[unit] = x / x.norm()
+    for threads in (1, 2, 3):
+        y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), "relu", threads=threads, scalar=scalar)
+        assert_equals_dense_ffn(y, x, gate, up, down, "relu")
+
+
 def test_the_two_paths_agree() -> None:
     gate, up, down = ffn_weights(576, 1536, 0.95, seed=4)
     x = torch.randn(576, generator=torch.Generator().manual_seed(4))
