@@ -77,8 +77,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _forward(module: nn.Linear) -> Any:
+def _forward(module: nn.Linear, ext: Any) -> Any:
+    """The module's forward while ``fast_linears`` is active.
+
+    A decoder calls its linears ~200 times a token, so the common case is checked lean: what
+    cannot change while active is settled once here (the weight's dtype, shape and layout, the
+    bias), each call checks x and that the module still holds the same weight and bias (else, and
+    for anything the lean checks do not take, ``linear`` decides as before). Same kernel call, so
+    the same bits as ``linear_cpu``; ~5 us a call instead of ~11 (a token of SmolLM2: ~1 ms less).
+    """
+    weight, bias = module.weight, module.bias
+    n, k = weight.shape
+    bf16 = weight.dtype == torch.bfloat16
+    lean = k > 0 and weight.device.type == "cpu" and weight.dtype in WEIGHT_DTYPES and weight.is_contiguous() and (
+        bias is None or (bias.device.type == "cpu" and bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous()))
+    parallel = n * k >= PARALLEL_MIN
+
     def forward(x: torch.Tensor) -> torch.Tensor:
+        if (lean and module.weight is weight and module.bias is bias and x.dtype == torch.float32 and x.device.type == "cpu"
+                and x.shape[-1] == k and x.numel() <= MAX_ROWS * k and x.is_contiguous()
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device="cpu")  # the kernel runs on the CPU
+            ext.linear(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, k, n,
+                       bf16, torch.get_num_threads() if parallel else 1, False)
+            return y
         return linear(x, module.weight, module.bias)
 
     return forward
@@ -97,8 +119,9 @@ def fast_linears(*models: nn.Module) -> Iterator[int]:
     unique = {id(m): m for model in models for m in model.modules()}.values()  # a module shared by two models is swapped once
     swapped = [m for m in unique if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype in WEIGHT_DTYPES
                and m.weight.is_contiguous() and "forward" not in m.__dict__]
+    ext = extension(NAME)
     for module in swapped:
-        module.forward = _forward(module)  # an instance attribute shadows the class's forward
+        module.forward = _forward(module, ext)  # an instance attribute shadows the class's forward
     try:
         yield len(swapped)
     finally:

@@ -98,10 +98,9 @@ def test_fast_linears_routes_few_rows_through_the_kernel_and_puts_the_modules_ba
     x = torch.randn(3, 64)
     reference = model(x)
     calls: list[int] = []
-    import paretolab.kernels.dense_cpu as dense
-
-    real = dense.linear_cpu
-    monkeypatch.setattr(dense, "linear_cpu", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ext = cpu_ext.extension(NAME)
+    real = ext.linear
+    monkeypatch.setattr(ext, "linear", lambda *a: calls.append(1) or real(*a))  # every kernel call, lean path or linear_cpu
     with torch.no_grad(), fast_linears(model) as swapped:
         assert swapped == 2
         torch.testing.assert_close(model(x), reference, rtol=1e-5, atol=1e-5)
@@ -111,6 +110,19 @@ def test_fast_linears_routes_few_rows_through_the_kernel_and_puts_the_modules_ba
     assert all("forward" not in m.__dict__ for m in model.modules())
     model(x)
     assert len(calls) == 2  # back to torch's own forward
+
+
+def test_fast_linears_gives_linear_cpus_bits_and_follows_a_replaced_weight() -> None:
+    model = TwoLayer()
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad(), fast_linears(model):
+        hidden = model.up(x)
+        assert torch.equal(hidden, linear_cpu(x, model.up.weight, model.up.bias))  # bias and leading dimensions too
+        assert torch.equal(model.down(hidden.transpose(0, 1)), linear_cpu(hidden.transpose(0, 1).contiguous(), model.down.weight))  # a strided x
+        model.up.weight = nn.Parameter(torch.randn(96, 64), requires_grad=False)  # swapped while active: the new weight counts
+        assert torch.equal(model.up(x), linear_cpu(x, model.up.weight, model.up.bias))
+        model.up.bias = None
+        assert torch.equal(model.up(x), linear_cpu(x, model.up.weight))
 
 
 def test_fast_linears_leaves_autograd_to_torch() -> None:
