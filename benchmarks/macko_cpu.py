@@ -17,7 +17,7 @@ every contender, the order rotating), medians over rounds; a ratio is the median
 per-round ratios ``dense time / MACKO time`` (> 1: MACKO is faster).
 
 Decode: SmolLM2-135M greedy decoding at batch 1 after a 16-token prompt: dense fp32, dense bf16
-(``model.to(bfloat16)``) and ``macko`` at 50 % (magnitude scores, fp16 values; the LM head
+(``model.to(bfloat16)``) and ``macko`` at each ``--decode-sparsities`` (default 50/70/90 %; magnitude scores, fp16 values; the LM head
 stays dense fp32: the method leaves it alone); where the dense CPU kernel is built
 (``paretolab.kernels.dense_cpu``) also ``dense_fp32_kernel`` (the dense model's linears through it:
 each weight read once at memory speed, the strongest dense baseline here) and
@@ -147,7 +147,7 @@ def bf16_weights(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def decode_cells(model_name: str, new_tokens: int, rounds: int) -> dict[str, object]:
+def decode_cells(model_name: str, sparsity: float, new_tokens: int, rounds: int) -> dict[str, object]:
     from paretolab.generation import greedy_decode
     from paretolab.models import load_subject
     from paretolab.plugin_api.context import TrialContext
@@ -157,7 +157,7 @@ def decode_cells(model_name: str, new_tokens: int, rounds: int) -> dict[str, obj
     half = load_subject(model_name)
     half.model.to(torch.bfloat16)
     sparse = load_subject(model_name)
-    Macko().transform(sparse, {"sparsity": 0.5, "score": "magnitude"}, TrialContext(seed=0, workdir=Path(tempfile.mkdtemp())))
+    Macko().transform(sparse, {"sparsity": sparsity, "score": "magnitude"}, TrialContext(seed=0, workdir=Path(tempfile.mkdtemp())))
     prompt = torch.randint(3, 40000, (1, 16), generator=torch.Generator().manual_seed(0))
     models = {"dense_fp32": dense.model.eval(), "dense_bf16": half.model.eval(), "macko": sparse.model.eval()}
     outs = {}
@@ -190,7 +190,7 @@ def decode_cells(model_name: str, new_tokens: int, rounds: int) -> dict[str, obj
     faster = max([k for k in tok_s if k.startswith("dense_")], key=lambda k: tok_s[k])
     fastest_macko = max([k for k in tok_s if k.startswith("macko")], key=lambda k: tok_s[k])
     result = {
-        "model": model_name, "prompt_tokens": 16, "new_tokens": new_tokens, "rounds": rounds,
+        "model": model_name, "sparsity": sparsity, "prompt_tokens": 16, "new_tokens": new_tokens, "rounds": rounds,
         **{f"{k}_decode_tok_s": v for k, v in tok_s.items()},
         **{f"{k}_end_to_end_tok_s": v for k, v in end_to_end.items()},
         "macko_over_fp32": ratio(step, "dense_fp32"), "macko_over_bf16": ratio(step, "dense_bf16"),
@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--decode-rounds", type=int, default=5)
+    parser.add_argument("--decode-sparsities", nargs="*", type=float, default=list(SPARSITIES), help="sparsities of the decode cells")
     parser.add_argument("--out", default="macko_cpu.json")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -223,7 +224,7 @@ def main() -> None:
         print(f"kernel path: {macko_cpu_kernel()}, threads {threads}, load average {load_before[0]:.1f}", flush=True)
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
         cells = spmv_cells(shapes, args.sparsities, args.rounds, args.cold_mb)  # type: ignore[arg-type]
-        decode = None if args.no_decode else decode_cells(args.model, args.new_tokens, args.decode_rounds)
+        decode = [] if args.no_decode else [decode_cells(args.model, s, args.new_tokens, args.decode_rounds) for s in args.decode_sparsities]
     report = {"benchmark": "macko_cpu", "kernel": macko_cpu_kernel(), "threads": threads, "cpus": os.cpu_count(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "spmv": cells, "decode": decode}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
