@@ -36,25 +36,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from scipy.stats import t as student_t
 
 from paretolab.generation import BatchedGenerator
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
+from paretolab.measure.timing import node_lock, torch_threads
 from paretolab.models import load_subject
 from paretolab.plugins.speculative.choose_k import choose_k, measure_costs
 from paretolab.plugins.speculative.corpus import available_sets, prompt_set
 from paretolab.plugins.speculative.eagle import EagleDrafter
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
 from paretolab.plugins.speculative.train import load_draft
+from paretolab.results.estimate import t_half_width
 
 SETS = {"arithmetic": ("gsm8k", "arithmetic"), "prose": ("wikitext2", "pydoc")}  # first whose data is here
 def geo_summary(ratios: list[float]) -> dict[str, Any]:
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
+    """Geometric mean of per-prompt ratios with the 95 % t-interval of their logs (the prompts are the replicates)."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    mean = float(logs.mean())
+    half = t_half_width(logs)
+    if half is None:
         return {"geomean": math.exp(mean), "ci95": None, "per_prompt": ratios}
-    half = float(student_t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
     return {"geomean": round(math.exp(mean), 4), "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
             "per_prompt": [round(r, 4) for r in ratios]}
 
@@ -193,8 +196,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="speculative_cpu.json")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    with node_lock(), torch_threads(args.threads):  # no other timed run on this node meanwhile
+        report = measure(args)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     subject = load_subject(args.model)
     ks: list[int | str] = [k if k == "auto" else int(k) for k in args.k.split(",")]
     loaded = load_draft(subject.model_name, subject.model)
@@ -223,8 +231,7 @@ def main() -> None:
             print(f"  {arm}: accepted {r['accepted_len']}, x{r['over_greedy_best']['geomean']} {r['over_greedy_best']['ci95']} the faster greedy, "
                   f"x{r['over_hf_generate']['geomean']} hf generate, identical {r['identical_to_greedy']}")
     report["load_after"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    return report
 
 
 if __name__ == "__main__":

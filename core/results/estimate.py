@@ -73,7 +73,7 @@ def estimate(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str, *,
         return None
     diffs = np.asarray([d for _, _, d in rows])
     mean, n = float(diffs.mean()), len(diffs)
-    t_half = _t_half(diffs)
+    t_half = t_half_width(diffs)
     units = _unit_draws([(m, b) for m, b, _ in rows], metric, f, fetch) if value is None and fetch is not None else None
     if units is None and t_half is None:
         return Estimate(mean, None, None, n)
@@ -108,7 +108,8 @@ def _log(x: Any) -> float:
     return math.log(x)
 
 
-def _t_half(diffs: np.ndarray) -> float | None:
+def t_half_width(diffs: np.ndarray) -> float | None:
+    """Half-width of the LEVEL t-interval of the mean of ``diffs`` (None below two values)."""
     if len(diffs) < 2:
         return None
     from scipy.stats import t
