@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, linear_cpu
-from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.measure.timing import cpu_name, node_lock, torch_threads
 
 LAYER = ((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536))  # SmolLM2-135M: q k v o gate up down
 LAYERS = 30
@@ -78,7 +78,7 @@ def main() -> None:
         print(f"m={m:2d}  torch {cell['torch_fp32_ms']:6.1f} ms (x{cell['torch_fp32_over_m1']:.2f})  kernel fp32 {cell['kernel_fp32_ms']:6.1f} "
               f"(x{cell['kernel_fp32_over_m1']:.2f})  kernel bf16 {cell['kernel_bf16_ms']:6.1f} (x{cell['kernel_bf16_over_m1']:.2f})  "
               f"torch/kernel {cell['torch_over_kernel']:.2f}", flush=True)
-    report = {"benchmark": "dense_cpu", "kernel": dense_cpu_kernel(), "threads": threads, "cpus": os.cpu_count(),
+    report = {"benchmark": "dense_cpu", "cpu": cpu_name(), "kernel": dense_cpu_kernel(), "threads": threads, "cpus": os.cpu_count(),
               "weights_mb_fp32": round(sum(w.numel() for w in w32) * 4 / 2**20, 1), "rounds": args.rounds,
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

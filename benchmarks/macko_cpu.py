@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_encode
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears, linear_cpu
 from paretolab.kernels.macko_cpu import macko_cpu_kernel, macko_spmv_cpu
-from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.measure.timing import cpu_name, node_lock, torch_threads
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (4096, 4096))
 SPARSITIES = (0.5, 0.7, 0.9)
@@ -225,7 +225,7 @@ def main() -> None:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
         cells = spmv_cells(shapes, args.sparsities, args.rounds, args.cold_mb)  # type: ignore[arg-type]
         decode = [] if args.no_decode else [decode_cells(args.model, s, args.new_tokens, args.decode_rounds) for s in args.decode_sparsities]
-    report = {"benchmark": "macko_cpu", "kernel": macko_cpu_kernel(), "threads": threads, "cpus": os.cpu_count(),
+    report = {"benchmark": "macko_cpu", "cpu": cpu_name(), "kernel": macko_cpu_kernel(), "threads": threads, "cpus": os.cpu_count(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "spmv": cells, "decode": decode}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

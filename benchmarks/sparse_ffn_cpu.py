@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, linear_cpu
 from paretolab.kernels.sparse_ffn_cpu import ffn_bytes, sparse_ffn_cpu, sparse_ffn_kernel
-from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.measure.timing import cpu_name, node_lock, torch_threads
 from paretolab.plugins import l1_sparsity
 
 from macko_cpu import interleaved, ratio  # benchmarks/macko_cpu.py (the script folder is on sys.path)
@@ -123,7 +123,7 @@ def main() -> None:
                       f"index_select/kernel {cell['index_select_over_kernel']:5.2f}  faster dense/kernel {cell['faster_dense_over_kernel']:5.2f}  "
                       f"bytes avoided {cell['avoided_share']:.0%}", flush=True)
                 del layers
-    report = {"benchmark": "sparse_ffn_cpu", "kernel": sparse_ffn_kernel(), "threads": threads, "cpus": os.cpu_count(),
+    report = {"benchmark": "sparse_ffn_cpu", "cpu": cpu_name(), "kernel": sparse_ffn_kernel(), "threads": threads, "cpus": os.cpu_count(),
               "shape": {"hidden": HIDDEN, "intermediate": UNITS}, "load_average_before": load_before,
               "load_average_after": os.getloadavg(), "cells": cells}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -41,7 +41,7 @@ import torch
 
 from paretolab.generation import BatchedGenerator
 from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
-from paretolab.measure.timing import node_lock, torch_threads
+from paretolab.measure.timing import cpu_name, node_lock, torch_threads
 from paretolab.models import load_subject
 from paretolab.plugins.speculative.choose_k import choose_k, measure_costs
 from paretolab.plugins.speculative.corpus import available_sets, prompt_set
@@ -207,7 +207,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ks: list[int | str] = [k if k == "auto" else int(k) for k in args.k.split(",")]
     loaded = load_draft(subject.model_name, subject.model)
     report: dict[str, Any] = {
-        "model": args.model, "threads": torch.get_num_threads(), "kernel": dense_cpu_kernel(), "load_before": os.getloadavg(),
+        "model": args.model, "cpu": cpu_name(), "threads": torch.get_num_threads(), "kernel": dense_cpu_kernel(), "load_before": os.getloadavg(),
         "draft": {key: loaded.meta.get(key) for key in ("steps", "tokens", "train_s", "data", "prompt_sets", "heldout_step_acc", "heldout_accepted_len", "curve")},
         "sets": {},
     }

@@ -20,8 +20,10 @@
  * busy, and a verify of 4-5 tokens costs 1.3-1.5x one token instead of about the same.
  *
  * Threads: OpenMP (torch's own libgomp.so.1, one pool for both) over blocks of output rows.
- * Two paths picked at run time: AVX-512 (x86 with avx512f) and portable scalar C (other CPUs;
- * the same arithmetic up to rounding; the tests compare both with torch).
+ * Three paths picked at run time (_cpu_paths.h): AVX-512 (avx512f), AVX2 + FMA (8-float blocks:
+ * the same even/odd scheme over 16-float pairs of them, up to 6 rows of x a pass so that the
+ * accumulators fit the 16 registers) and portable scalar C; the same arithmetic up to rounding
+ * (the tests compare every path the CPU runs with the exact product).
  * The Python wrapper (compute_kernels/dense_cpu.py) checks dtypes, shapes and contiguity.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,6 +37,7 @@
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
+#include "_cpu_paths.h"
 
 #define ROWS_PER_PASS 8
 /* Bytes of W asked for ahead into L2, every cache line: the stream stays ahead of the FMAs of several
@@ -156,23 +159,106 @@ AVX512 static void rows_avx512(const Linear *p, int64_t n0, int64_t n1) {
     }
 }
 
-static int cpu_has_avx512(void) {
+/* ---------- AVX2 path ---------- */
+
+AVX2 static inline __m256 load8_w(const void *w, int64_t at, int bf16) {
+    if (bf16) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + at);
+}
+
+/* The first n < 8 elements at `at`, zeros after (copied: no load past the buffer). */
+AVX2 static inline __m256 load8_part(const void *src, int64_t at, int64_t n, int bf16) {
+    if (bf16) {
+        uint16_t part[8] = {0};
+        memcpy(part, (const uint16_t *)src + at, (size_t)n * 2);
+        return load8_w(part, 0, 1);
+    }
+    float part[8] = {0};
+    memcpy(part, (const float *)src + at, (size_t)n * 4);
+    return _mm256_loadu_ps(part);
+}
+
+AVX2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+#define ROWS_PER_PASS_AVX2 6 /* 2 accumulators a row + 2 weight vectors: 14 of the 16 registers */
+
+/* As DOT_ROWS with 8-float vectors: even accumulates elements j..j+7 of each 16-float pair, odd
+ * j+8..j+15, a tail of 8-float blocks (the last one partial) goes to even. */
+#define DOT8_ROWS(ROWS)                                                                                    \
+    AVX2 static void dot8_rows_##ROWS(const Linear *p, int64_t row, const float *x, float *y) {             \
+        const int64_t k = p->k;                                                                               \
+        __m256 even[ROWS], odd[ROWS];                                                                         \
+        for (int r = 0; r < ROWS; r++) even[r] = odd[r] = _mm256_setzero_ps();                                \
+        int64_t j = 0;                                                                                        \
+        for (; j + 16 <= k; j += 16) {                                                                        \
+            _mm_prefetch((const char *)p->w + (row + j) * (p->bf16 ? 2 : 4) + PREFETCH_BYTES, _MM_HINT_T1);    \
+            __m256 w0 = load8_w(p->w, row + j, p->bf16), w1 = load8_w(p->w, row + j + 8, p->bf16);            \
+            for (int r = 0; r < ROWS; r++) {                                                                  \
+                even[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + j), even[r]);                       \
+                odd[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + j + 8), odd[r]);                     \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; j < k; j += 8) {                                                                               \
+            int64_t n = k - j < 8 ? k - j : 8;                                                                \
+            __m256 w0 = n == 8 ? load8_w(p->w, row + j, p->bf16) : load8_part(p->w, row + j, n, p->bf16);    \
+            for (int r = 0; r < ROWS; r++)                                                                    \
+                even[r] = _mm256_fmadd_ps(w0, n == 8 ? _mm256_loadu_ps(x + r * k + j) : load8_part(x + r * k, j, n, 0), even[r]); \
+        }                                                                                                     \
+        for (int r = 0; r < ROWS; r++) y[r * p->n] = hsum8(_mm256_add_ps(even[r], odd[r]));                 \
+    }
+DOT8_ROWS(1)
+DOT8_ROWS(2)
+DOT8_ROWS(3)
+DOT8_ROWS(4)
+DOT8_ROWS(5)
+DOT8_ROWS(6)
+
+AVX2 static void rows_avx2(const Linear *p, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = n * p->k;
+        for (int64_t m0 = 0; m0 < p->m; m0 += ROWS_PER_PASS_AVX2) {
+            int64_t rows = p->m - m0 < ROWS_PER_PASS_AVX2 ? p->m - m0 : ROWS_PER_PASS_AVX2;
+            const float *x = p->x + m0 * p->k;
+            float *y = p->y + m0 * p->n + n;
+            switch (rows) {
+                case 1: dot8_rows_1(p, row, x, y); break;
+                case 2: dot8_rows_2(p, row, x, y); break;
+                case 3: dot8_rows_3(p, row, x, y); break;
+                case 4: dot8_rows_4(p, row, x, y); break;
+                case 5: dot8_rows_5(p, row, x, y); break;
+                default: dot8_rows_6(p, row, x, y); break;
+            }
+            if (p->bias)
+                for (int64_t r = 0; r < rows; r++) y[r * p->n] += p->bias[n];
+        }
+    }
+}
+
+static int best_path(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx512f") ? PATH_AVX512 : cpu_has_avx2() ? PATH_AVX2 : PATH_SCALAR;
 }
 #else
-static int cpu_has_avx512(void) { return 0; }
+static int best_path(void) { return PATH_SCALAR; }
 #endif
 
-static void rows(const Linear *p, int64_t n0, int64_t n1, int vector) {
+static void rows(const Linear *p, int64_t n0, int64_t n1, int path) {
 #ifdef HAVE_X86
-    if (vector) { rows_avx512(p, n0, n1); return; }
+    if (path == PATH_AVX512) { rows_avx512(p, n0, n1); return; }
+    if (path == PATH_AVX2) { rows_avx2(p, n0, n1); return; }
 #endif
-    (void)vector;
+    (void)path;
     rows_scalar(p, n0, n1);
 }
 
-static void linear(const Linear *p, int threads, int vector) {
+static void linear(const Linear *p, int threads, int path) {
 #ifdef _OPENMP
     if (threads > 1) {
         int64_t blocks = (p->n + 15) / 16; /* 16 outputs a block: threads never share a cache line of y */
@@ -181,41 +267,42 @@ static void linear(const Linear *p, int threads, int vector) {
             int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
             int64_t n0 = blocks * t / nt * 16, n1 = blocks * (t + 1) / nt * 16;
             if (n1 > p->n) n1 = p->n;
-            if (n0 < n1) rows(p, n0, n1, vector);
+            if (n0 < n1) rows(p, n0, n1, path);
         }
         return;
     }
 #endif
     (void)threads;
-    rows(p, 0, p->n, vector);
+    rows(p, 0, p->n, path);
 }
 
 static PyObject *py_linear(PyObject *self, PyObject *args) {
     unsigned long long x, w, bias, y;
     long long m, k, n;
-    int bf16, threads, scalar;
-    if (!PyArg_ParseTuple(args, "KKKKLLLpip", &x, &w, &bias, &y, &m, &k, &n, &bf16, &threads, &scalar)) return NULL;
+    int bf16, threads, cap;
+    if (!PyArg_ParseTuple(args, "KKKKLLLpii", &x, &w, &bias, &y, &m, &k, &n, &bf16, &threads, &cap)) return NULL;
     if (m < 0 || k < 0 || n < 0) {
         PyErr_Format(PyExc_ValueError, "dense linear: bad sizes m=%lld k=%lld n=%lld", m, k, n);
         return NULL;
     }
     Linear p = {(const float *)(uintptr_t)x, (const void *)(uintptr_t)w, (const float *)(uintptr_t)bias, (float *)(uintptr_t)y, m, k, n, bf16};
-    int vector = !scalar && cpu_has_avx512();
+    int path = pick_path(best_path(), cap);
     Py_BEGIN_ALLOW_THREADS
-    linear(&p, threads, vector);
+    linear(&p, threads, path);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
-static PyObject *py_isa(PyObject *self, PyObject *noargs) {
-    return PyUnicode_FromString(cpu_has_avx512() ? "avx512" : "scalar");
-}
+static PyObject *py_isa(PyObject *self, PyObject *noargs) { return path_name(best_path()); }
+
+static PyObject *py_paths(PyObject *self, PyObject *noargs) { return path_tuple(best_path()); }
 
 static PyMethodDef methods[] = {
     {"linear", py_linear, METH_VARARGS,
-     "linear(x, w, bias, y, m, k, n, bf16, threads, scalar) -> None: y (m, n) = x (m, k) W^T (+ bias); "
-     "addresses of contiguous CPU buffers (bias 0 for none)"},
-    {"isa", py_isa, METH_NOARGS, "the instruction path linear takes on this CPU: 'avx512' or 'scalar'"},
+     "linear(x, w, bias, y, m, k, n, bf16, threads, cap) -> None: y (m, n) = x (m, k) W^T (+ bias); "
+     "addresses of contiguous CPU buffers (bias 0 for none); the best path this CPU runs, at most cap (0 scalar, 1 avx2, 2 avx512)"},
+    {"isa", py_isa, METH_NOARGS, "the best instruction path linear takes on this CPU: 'avx512', 'avx2' or 'scalar'"},
+    {"paths", py_paths, METH_NOARGS, "every instruction path this CPU runs, best first"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,10 +11,12 @@
  * gets the same number of stored entries, not of rows. A row's result depends on nothing but
  * the row, so any thread count gives bit-identical output.
  *
- * Two instruction paths, picked at run time: AVX-512 (16 entries a step: 8 bytes of codes
- * widened to 16 column steps, an in-register prefix sum, a gather of x, values widened to fp32
- * in registers, one FMA per vector x) and portable scalar C (the same arithmetic one entry at a
- * time; also what the tests compare the vector path against).
+ * Three instruction paths, picked at run time (_cpu_paths.h): AVX-512 (16 entries a step: 8
+ * bytes of codes widened to 16 column steps, an in-register prefix sum, a gather of x, values
+ * widened to fp32 in registers, one FMA per vector x), AVX2 (8 entries a step: the 8 codes'
+ * running sums in one general-purpose register, x picked by 8 scalar loads, values widened by
+ * F16C, one FMA per vector x) and portable scalar C (the same arithmetic one entry at a time;
+ * also what the tests compare the vector paths against).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +29,7 @@
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
+#include "_cpu_paths.h"
 
 #define MAX_BATCH 8 /* vectors of x per pass over the format; more are done in several passes */
 #define X_PAD 256   /* zeros after each copied row of x: the AVX-512 path loads up to 256 columns from any column <= cols */
@@ -200,13 +203,101 @@ AVX512 static int row_avx512_n(const Spmv *p, int64_t r, int64_t b0, int nb) {
     }
 }
 
-static int cpu_has_avx512(void) {
+/* ---------- AVX2 path ---------- */
+
+/* 8 codes (4 bits each, entry order: low nibble first) as 8 bytes, without pdep (slow on AMD before Zen 3). */
+static inline uint64_t spread_nibbles(uint32_t d) {
+    uint64_t v = d;
+    v = (v | v << 16) & 0x0000FFFF0000FFFFULL;
+    v = (v | v << 8) & 0x00FF00FF00FF00FFULL;
+    return (v | v << 4) & 0x0F0F0F0F0F0F0F0FULL;
+}
+
+AVX2 static inline __m256 widen8(__m128i raw, int bf16) {
+    if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    return _mm256_cvtph_ps(raw);
+}
+
+/* One step: 8 entries (n < 8 only in a row's last step, whose absent codes step by 1 and whose
+ * absent values are 0) given as 4 code bytes d and values v. Returns the new column, or -2 where
+ * a column left the matrix. */
+AVX2 static inline __attribute__((always_inline)) int64_t step8(const float *const *xs, __m256 *acc, int nb, int64_t col,
+                                                                 int64_t cols, uint32_t d, __m256 v, int64_t n) {
+    uint64_t run = (spread_nibbles(d) + ONES) * ONES; /* byte i: entry i's column - col (at most 8 * 16 = 128) */
+    int64_t next = col + (int64_t)(run >> 56) - (8 - n);
+    if (next >= cols) return -2; /* the deltas do not belong to this shape */
+    const int o0 = (int)(run & 0xFF), o1 = (int)(run >> 8 & 0xFF), o2 = (int)(run >> 16 & 0xFF), o3 = (int)(run >> 24 & 0xFF);
+    const int o4 = (int)(run >> 32 & 0xFF), o5 = (int)(run >> 40 & 0xFF), o6 = (int)(run >> 48 & 0xFF), o7 = (int)(run >> 56);
+    const __m256 present = n == 8 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                                  : _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    for (int b = 0; b < nb; b++) {
+        const float *w = xs[b] + col; /* x rows are padded by X_PAD zeros: every offset here stays inside */
+        __m256 xv = _mm256_setr_ps(w[o0], w[o1], w[o2], w[o3], w[o4], w[o5], w[o6], w[o7]);
+        acc[b] = _mm256_fmadd_ps(v, _mm256_and_ps(xv, present), acc[b]); /* absent lanes: 0, also where x is inf */
+    }
+    return next;
+}
+
+AVX2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* One row, 8 entries a step (the AVX-512 path's scheme at half the width). */
+AVX2 static inline __attribute__((always_inline)) int row_avx2(const Spmv *p, int64_t r, int64_t b0, int nb, int bf16) {
+    const float *xs[MAX_BATCH];
+    __m256 acc[MAX_BATCH];
+    float first[MAX_BATCH] = {0};
+    for (int b = 0; b < nb; b++) { xs[b] = p->x + (b0 + b) * p->x_stride; acc[b] = _mm256_setzero_ps(); }
+    const uint16_t *values = p->values;
+    const uint8_t *deltas = p->deltas;
+    const int64_t cols = p->cols;
+    int64_t i = p->row_ptr[r], e = p->row_ptr[r + 1], col = -1;
+    if (i < e && (i & 1)) { /* an odd start: one entry by hand so that the steps start on a byte */
+        col = deltas[i >> 1] >> 4;
+        if (col >= cols) return 1;
+        float v = bf16 ? bf16_to_float(values[i]) : half_to_float(values[i]);
+        for (int b = 0; b < nb; b++) first[b] = v * xs[b][col];
+        i++;
+    }
+    for (; e - i >= 8 && col >= -1; i += 8) {
+        uint32_t d;
+        memcpy(&d, deltas + (i >> 1), 4);
+        col = step8(xs, acc, nb, col, cols, d, widen8(_mm_loadu_si128((const __m128i *)(values + i)), bf16), 8);
+    }
+    if (i < e && col >= -1) { /* copies: nothing read past the row's last entry */
+        int64_t left = e - i;
+        uint32_t d = 0;
+        uint16_t part[8] = {0};
+        memcpy(&d, deltas + (i >> 1), (size_t)((left + 1) >> 1));
+        memcpy(part, values + i, (size_t)left * 2);
+        d &= (uint32_t)((1ULL << (4 * left)) - 1);
+        col = step8(xs, acc, nb, col, cols, d, widen8(_mm_loadu_si128((const __m128i *)part), bf16), left);
+    }
+    if (col < -1) return 1;
+    for (int b = 0; b < nb; b++) p->y[(b0 + b) * p->rows + r] = first[b] + hsum8(acc[b]);
+    return 0;
+}
+
+AVX2 static int row_avx2_n(const Spmv *p, int64_t r, int64_t b0, int nb) {
+    switch (nb * 2 + p->bf16) {
+#define ROW_CASE(k) case 2 * k: return row_avx2(p, r, b0, k, 0); case 2 * k + 1: return row_avx2(p, r, b0, k, 1);
+    ROW_CASE(1) ROW_CASE(2) ROW_CASE(3) ROW_CASE(4) ROW_CASE(5) ROW_CASE(6) ROW_CASE(7)
+#undef ROW_CASE
+    default: return p->bf16 ? row_avx2(p, r, b0, 8, 1) : row_avx2(p, r, b0, 8, 0);
+    }
+}
+
+static int best_path(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("bmi2");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("bmi2"))
+        return PATH_AVX512;
+    return cpu_has_avx2() ? PATH_AVX2 : PATH_SCALAR;
 }
 #else
-static int cpu_has_avx512(void) { return 0; }
+static int best_path(void) { return PATH_SCALAR; }
 #endif
 
 /* ---------- driver ---------- */
@@ -221,13 +312,14 @@ static int64_t row_at(const int32_t *row_ptr, int64_t rows, int64_t target) {
     return lo;
 }
 
-static int run_rows(const Spmv *p, int64_t r0, int64_t r1, int vector) {
+static int run_rows(const Spmv *p, int64_t r0, int64_t r1, int path) {
     int bad = 0;
     for (int64_t b0 = 0; b0 < p->batch; b0 += MAX_BATCH) {
         int nb = (int)(p->batch - b0 < MAX_BATCH ? p->batch - b0 : MAX_BATCH);
         for (int64_t r = r0; r < r1 && !bad; r++) {
 #ifdef HAVE_X86
-            if (vector) { bad = row_avx512_n(p, r, b0, nb); continue; }
+            if (path == PATH_AVX512) { bad = row_avx512_n(p, r, b0, nb); continue; }
+            if (path == PATH_AVX2) { bad = row_avx2_n(p, r, b0, nb); continue; }
 #endif
             bad = row_scalar(p, r, b0, nb);
         }
@@ -235,7 +327,7 @@ static int run_rows(const Spmv *p, int64_t r0, int64_t r1, int vector) {
     return bad;
 }
 
-static int spmv(const Spmv *p, int threads, int vector) {
+static int spmv(const Spmv *p, int threads, int path) {
     int64_t total = p->row_ptr[p->rows];
     int bad = 0;
 #ifdef _OPENMP
@@ -245,21 +337,21 @@ static int spmv(const Spmv *p, int threads, int vector) {
             int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
             int64_t r0 = t == 0 ? 0 : row_at(p->row_ptr, p->rows, total * t / n);
             int64_t r1 = t == n - 1 ? p->rows : row_at(p->row_ptr, p->rows, total * (t + 1) / n);
-            bad |= run_rows(p, r0, r1, vector);
+            bad |= run_rows(p, r0, r1, path);
         }
         return bad;
     }
 #endif
     (void)threads;
-    return run_rows(p, 0, p->rows, vector);
+    return run_rows(p, 0, p->rows, path);
 }
 
 static PyObject *py_spmv(PyObject *self, PyObject *args) {
     unsigned long long values, deltas, row_ptr, x, y;
     long long rows, cols, n_values, x_stride, batch;
-    int bf16, threads, scalar;
-    if (!PyArg_ParseTuple(args, "KKKLLLpKLLKip", &values, &deltas, &row_ptr, &rows, &cols, &n_values, &bf16,
-                          &x, &x_stride, &batch, &y, &threads, &scalar))
+    int bf16, threads, cap;
+    if (!PyArg_ParseTuple(args, "KKKLLLpKLLKii", &values, &deltas, &row_ptr, &rows, &cols, &n_values, &bf16,
+                          &x, &x_stride, &batch, &y, &threads, &cap))
         return NULL;
     if (rows < 0 || cols < 0 || n_values < 0 || batch < 0 || x_stride < cols || (n_values & 1)) {
         PyErr_Format(PyExc_ValueError, "macko spmv: bad sizes rows=%lld cols=%lld n_values=%lld batch=%lld x_stride=%lld",
@@ -299,9 +391,9 @@ static PyObject *py_spmv(PyObject *self, PyObject *args) {
     p.x = xpad;
     p.x_stride = cols + X_PAD;
     int bad;
-    int vector = !scalar && cpu_has_avx512();
+    int path = pick_path(best_path(), cap);
     Py_BEGIN_ALLOW_THREADS
-    bad = spmv(&p, threads, vector);
+    bad = spmv(&p, threads, path);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(xpad);
     if (bad) {
@@ -312,9 +404,9 @@ static PyObject *py_spmv(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_isa(PyObject *self, PyObject *noargs) {
-    return PyUnicode_FromString(cpu_has_avx512() ? "avx512" : "scalar");
-}
+static PyObject *py_isa(PyObject *self, PyObject *noargs) { return path_name(best_path()); }
+
+static PyObject *py_paths(PyObject *self, PyObject *noargs) { return path_tuple(best_path()); }
 
 static PyObject *py_openmp(PyObject *self, PyObject *noargs) {
 #ifdef _OPENMP
@@ -326,9 +418,10 @@ static PyObject *py_openmp(PyObject *self, PyObject *noargs) {
 
 static PyMethodDef methods[] = {
     {"spmv", py_spmv, METH_VARARGS,
-     "spmv(values, deltas, row_ptr, rows, cols, n_values, bf16, x, x_stride, batch, y, threads, scalar): "
-     "y[b, :] = M @ x[b, :] (addresses of contiguous CPU buffers; x and y fp32)"},
-    {"isa", py_isa, METH_NOARGS, "the instruction path spmv takes on this CPU: 'avx512' or 'scalar'"},
+     "spmv(values, deltas, row_ptr, rows, cols, n_values, bf16, x, x_stride, batch, y, threads, cap): "
+     "y[b, :] = M @ x[b, :] (addresses of contiguous CPU buffers; x and y fp32; the best path at most cap: 0 scalar, 1 avx2, 2 avx512)"},
+    {"isa", py_isa, METH_NOARGS, "the best instruction path spmv takes on this CPU: 'avx512', 'avx2' or 'scalar'"},
+    {"paths", py_paths, METH_NOARGS, "every instruction path this CPU runs, best first"},
     {"openmp", py_openmp, METH_NOARGS, "whether the extension was built with OpenMP (threads > 1 possible)"},
     {NULL, NULL, 0, NULL},
 };

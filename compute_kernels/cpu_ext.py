@@ -42,3 +42,22 @@ def extension(name: str) -> ModuleType | None:
 def built(name: str) -> bool:
     """Whether ``paretolab.kernels.<name>`` was built (whatever the switch says)."""
     return _import(name) is not None
+
+
+PATHS = ("scalar", "avx2", "avx512")  # the C kernels' cap levels 0, 1, 2 (compute_kernels/_cpu_paths.h)
+
+
+def path_cap(ext: ModuleType, path: str | None) -> int:
+    """The cap level for ``path`` (None: the best this CPU runs); a path this CPU cannot run is an error."""
+    if path is None:
+        return len(PATHS) - 1
+    runs = ext.paths()
+    if path not in runs:
+        raise ValueError(f"path={path!r} is not one this CPU runs; it runs {', '.join(runs)} (None: the best of them)")
+    return PATHS.index(path)
+
+
+def runnable_paths(name: str) -> tuple[str, ...]:
+    """The instruction paths extension ``name`` runs on this CPU, best first (("scalar",) where it is not built)."""
+    ext = _import(name)
+    return ("scalar",) if ext is None else tuple(ext.paths())

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paretolab.kernels.cpu_ext import extension
+from paretolab.kernels.cpu_ext import extension, path_cap
 
 NAME = "_dense_cpu"
 MAX_ROWS = 16  # rows of x above which torch's matmul (compute-bound by then) is used instead
@@ -32,7 +32,7 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def dense_cpu_kernel() -> str | None:
-    """The path ``linear_cpu`` takes now: ``"avx512"`` or ``"scalar"``, or None (not built, or switched off)."""
+    """The path ``linear_cpu`` takes now: ``"avx512"``, ``"avx2"`` or ``"scalar"``, or None (not built, or switched off)."""
     ext = extension(NAME)
     return None if ext is None else ext.isa()
 
@@ -46,8 +46,8 @@ def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, threads: int | None = None,
-               scalar: bool = False) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` for x (..., K) of at most MAX_ROWS rows; ``scalar=True`` forces the portable path."""
+               path: str | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for x (..., K) of at most MAX_ROWS rows; ``path`` caps the instruction path (tests run each)."""
     ext = extension(NAME)
     if ext is None:
         raise RuntimeError("linear_cpu: the C extension paretolab.kernels._dense_cpu is not built or PARETOLAB_CPU_KERNELS=0; "
@@ -56,6 +56,7 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"linear_cpu needs CPU tensors: fp32 x (..., K) of at most {MAX_ROWS} rows, a contiguous fp32 or bf16 "
                          f"weight (N, K) and an fp32 bias (N,) or None; got x {tuple(x.shape)} {x.dtype} on {x.device}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias {None if bias is None else (tuple(bias.shape), bias.dtype)}")
+    cap = path_cap(ext, path)
     n, k = weight.shape
     xc = x.contiguous()
     rows = xc.numel() // k if k else 0
@@ -65,7 +66,7 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"threads must be >= 1, got {threads}; pass None for torch's thread count")
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device="cpu")  # the kernel runs on the CPU
     bias_ptr = 0 if bias is None else bias.contiguous().data_ptr()
-    ext.linear(xc.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), rows, k, n, weight.dtype == torch.bfloat16, threads, scalar)
+    ext.linear(xc.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), rows, k, n, weight.dtype == torch.bfloat16, threads, cap)
     return y
 
 
@@ -92,6 +93,7 @@ def _forward(module: nn.Linear, ext: Any) -> Any:
     lean = k > 0 and weight.device.type == "cpu" and weight.dtype in WEIGHT_DTYPES and weight.is_contiguous() and (
         bias is None or (bias.device.type == "cpu" and bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous()))
     parallel = n * k >= PARALLEL_MIN
+    best = path_cap(ext, None)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if (lean and module.weight is weight and module.bias is bias and x.dtype == torch.float32 and x.device.type == "cpu"
@@ -99,7 +101,7 @@ def _forward(module: nn.Linear, ext: Any) -> Any:
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
             y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device="cpu")  # the kernel runs on the CPU
             ext.linear(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, k, n,
-                       bf16, torch.get_num_threads() if parallel else 1, False)
+                       bf16, torch.get_num_threads() if parallel else 1, best)
             return y
         return linear(x, module.weight, module.bias)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from paretolab.kernels.cpu_ext import extension
+from paretolab.kernels.cpu_ext import extension, path_cap
 from paretolab.kernels.macko_format import VALUE_DTYPES, MackoMatrix, macko_decode
 
 NAME = "_macko_cpu"
@@ -23,19 +23,20 @@ PARALLEL_MIN = 1 << 15  # stored entries x vectors below which one thread does i
 
 
 def macko_cpu_kernel() -> str | None:
-    """The path ``macko_spmv_cpu`` takes now: ``"avx512"`` or ``"scalar"`` (the C kernel), or None (PyTorch fallback)."""
+    """The path ``macko_spmv_cpu`` takes now: ``"avx512"``, ``"avx2"`` or ``"scalar"`` (the C kernel), or None (PyTorch fallback)."""
     ext = extension(NAME)
     return None if ext is None else ext.isa()
 
 
-def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = None, scalar: bool = False) -> torch.Tensor:
-    """y = M @ x on the CPU; ``scalar=True`` forces the kernel's portable path (tests compare the two)."""
+def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = None, path: str | None = None) -> torch.Tensor:
+    """y = M @ x on the CPU; ``path`` caps the kernel's instruction path (tests run each)."""
     rows, cols = fmt.shape
     if x.shape[-1] != cols:
         raise ValueError(f"x has {x.shape[-1]} features, the matrix has {cols} columns; pass x of shape (..., {cols})")
     ext = extension(NAME)
     if ext is None:
         return (macko_decode(fmt).float() @ x.float().unsqueeze(-1)).squeeze(-1).to(x.dtype)
+    cap = path_cap(ext, path)
     values, deltas, row_ptr = fmt.values, fmt.deltas, fmt.row_ptr
     _check(values, deltas, row_ptr, fmt.shape, x)
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
@@ -47,7 +48,7 @@ def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = N
     elif threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}; pass None for torch's thread count")
     ext.spmv(values.data_ptr(), deltas.data_ptr(), row_ptr.data_ptr(), rows, cols, n, values.dtype == torch.bfloat16,
-             xf.data_ptr(), cols, batch, y.data_ptr(), threads, scalar)
+             xf.data_ptr(), cols, batch, y.data_ptr(), threads, cap)
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from paretolab.kernels.cpu_ext import extension
+from paretolab.kernels.cpu_ext import extension, path_cap
 
 NAME = "_sparse_ffn_cpu"
 ACTS = {"relu": False, "relu2": True}  # act name -> squared
@@ -25,7 +25,7 @@ PARALLEL_MIN = 1 << 16  # gate weights below which one thread does it all
 
 
 def sparse_ffn_kernel() -> str | None:
-    """The path ``sparse_ffn_cpu`` takes now: ``"avx512"`` or ``"scalar"``, or None (not built, or switched off)."""
+    """The path ``sparse_ffn_cpu`` takes now: ``"avx512"``, ``"avx2"`` or ``"scalar"``, or None (not built, or switched off)."""
     ext = extension(NAME)
     return None if ext is None else ext.isa()
 
@@ -38,8 +38,8 @@ def fits(x: torch.Tensor, *weights: torch.Tensor) -> bool:
 
 
 def sparse_ffn_cpu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_t: torch.Tensor, act: str,
-                   *, threads: int | None = None, scalar: bool = False) -> torch.Tensor:
-    """The FFN's output for one token, shaped like ``x``; ``scalar=True`` forces the kernel's portable path."""
+                   *, threads: int | None = None, path: str | None = None) -> torch.Tensor:
+    """The FFN's output for one token, shaped like ``x``; ``path`` caps the kernel's instruction path (tests run each)."""
     ext = extension(NAME)
     if ext is None:
         raise RuntimeError("sparse_ffn_cpu: the C extension paretolab.kernels._sparse_ffn_cpu is not built or PARETOLAB_CPU_KERNELS=0; "
@@ -50,6 +50,7 @@ def sparse_ffn_cpu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, do
         raise ValueError(f"sparse_ffn_cpu needs fp32 CPU tensors: x with H elements and contiguous gate_w, up_w, down_t of shape (I, H); "
                          f"got x {tuple(x.shape)} {x.dtype} on {x.device}, gate_w {tuple(gate_w.shape)}, up_w {tuple(up_w.shape)}, "
                          f"down_t {tuple(down_t.shape)}")
+    cap = path_cap(ext, path)
     units, hidden = gate_w.shape
     if threads is None:
         threads = torch.get_num_threads() if units * hidden >= PARALLEL_MIN else 1
@@ -57,7 +58,7 @@ def sparse_ffn_cpu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, do
         raise ValueError(f"threads must be >= 1, got {threads}; pass None for torch's thread count")
     xc = x.contiguous()
     out = torch.empty(x.shape, dtype=torch.float32)
-    ext.ffn(xc.data_ptr(), gate_w.data_ptr(), up_w.data_ptr(), down_t.data_ptr(), out.data_ptr(), hidden, units, ACTS[act], threads, scalar)
+    ext.ffn(xc.data_ptr(), gate_w.data_ptr(), up_w.data_ptr(), down_t.data_ptr(), out.data_ptr(), hidden, units, ACTS[act], threads, cap)
     return out
 
 

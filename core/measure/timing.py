@@ -14,6 +14,7 @@ other happens to run, so a latency can differ many-fold between identical models
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import tempfile
 import time
@@ -39,6 +40,23 @@ def lock_path() -> Path:
 def node_lock(path: Path | None = None) -> AbstractContextManager[float]:
     """Hold the node's timing lock while the block runs; yields the seconds spent waiting for it."""
     return file_lock(path or lock_path())
+
+
+def cpu_name() -> str:
+    """The CPU a timing ran on, for a benchmark's JSON: Linux's model name with its family/model numbers, else platform's."""
+    try:
+        fields: dict[str, str] = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip() and fields:
+                break  # the first processor's block is enough
+        name = fields.get("model name") or platform.processor() or "unknown"
+        if "cpu family" in fields and "model" in fields:
+            name += f" (family {fields['cpu family']}, model {fields['model']})"
+        return name
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown"
 
 
 @contextmanager

@@ -15,6 +15,7 @@ full multi-head attention (no grouped keys); labels are the target's greedy toke
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -67,12 +68,25 @@ class RMSNorm(nn.Module):
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
+@functools.lru_cache(maxsize=16)
+def rope_tables(hd: int, theta: float, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (length, hd) of the rotary angles at positions 0..length-1: computed once per length, not per call."""
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
+    angles = torch.arange(length, device=device).float()[:, None] * inv[None]  # (length, hd/2)
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (the Llama half-split form) on x (..., T, hd) at ``positions`` (T,)."""
+    """Rotary position embedding (the Llama half-split form) on x (..., T, hd) at increasing ``positions`` (T,).
+
+    The tables come from :func:`rope_tables` for a power-of-two length past the last position:
+    the same products position * frequency as computed here each call, so the same bits.
+    """
     hd = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd)
-    angles = positions.float()[:, None] * inv[None]  # (T, hd/2)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    length = 1 << max(10, int(positions[-1]).bit_length()) if positions.numel() else 1
+    cos, sin = rope_tables(hd, float(theta), length, x.device)
+    cos, sin = cos[positions], sin[positions]
     half = hd // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
@@ -104,8 +118,9 @@ class EagleDraft(nn.Module):
         theta = self.config.rope_theta
         return x, rope(split(q), positions, theta), rope(split(k), positions, theta), split(v)
 
-    def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention of q over (keys, values) under the boolean ``mask`` (T, S), then the MLP: (hidden, normed)."""
+    def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of q over (keys, values) under the boolean ``mask`` (T, S; None: every key), then the MLP: (hidden, normed)."""
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (..., H, T, hd)
         x = x + self.o(attended.transpose(-3, -2).flatten(-2))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -182,7 +197,8 @@ class EagleDrafter:
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
         total, t = self.keys.shape[1], x.shape[0]
-        mask = torch.arange(total, device=x.device)[None, :] <= torch.arange(total - t, total, device=x.device)[:, None]
+        # one query row (every draft step after the first) sees every key: no mask to build
+        mask = None if t == 1 else torch.arange(total, device=x.device)[None, :] <= torch.arange(total - t, total, device=x.device)[:, None]
         return self.draft.finish(residual, q, self.keys, self.values, mask)
 
 

@@ -1,4 +1,4 @@
-"""The dense few-row linear in C (AVX-512 and portable paths) against the exact product, and fast_linears on a model."""
+"""The dense few-row linear in C (every instruction path the CPU runs: AVX-512, AVX2, portable) against the exact product, and fast_linears on a model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if not cpu_ext.built(NAME):  # reported in the summary (-rs), never silent
     pytestmark = pytest.mark.skip(reason="paretolab.kernels._dense_cpu is not built (needs a C compiler with OpenMP): "
                                          "run `pip install -e . --no-deps --no-build-isolation`")
 
-PATHS = [False, True]  # scalar=False: AVX-512 where the CPU has it; scalar=True: the portable C path
+PATHS = cpu_ext.runnable_paths(NAME)  # every instruction path this CPU runs, best first (avx512, avx2, scalar)
 
 
 def operands(rows: int, k: int, n: int, seed: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -29,38 +29,38 @@ def assert_equals_exact(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias:
     torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16])
 @pytest.mark.parametrize(("k", "n"), [(576, 1536), (1536, 576), (576, 49)])
-def test_equals_the_product_at_smollm2_shapes(k: int, n: int, rows: int, scalar: bool) -> None:
+def test_equals_the_product_at_smollm2_shapes(k: int, n: int, rows: int, path: str) -> None:
     x, w, b = operands(rows, k, n, seed=rows * 31 + k)
-    assert_equals_exact(linear_cpu(x, w, scalar=scalar), x, w, None)
-    assert_equals_exact(linear_cpu(x, w, b, scalar=scalar), x, w, b)
+    assert_equals_exact(linear_cpu(x, w, path=path), x, w, None)
+    assert_equals_exact(linear_cpu(x, w, b, path=path), x, w, b)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("k", "n"), [(1, 1), (15, 3), (16, 1), (17, 5), (31, 2), (33, 7), (577, 33)])
-def test_odd_shapes_and_tails(k: int, n: int, scalar: bool) -> None:
+def test_odd_shapes_and_tails(k: int, n: int, path: str) -> None:
     for rows in (1, 4, 11):
         x, w, b = operands(rows, k, n, seed=k * 7 + n + rows)
-        assert_equals_exact(linear_cpu(x, w, b, scalar=scalar), x, w, b)
+        assert_equals_exact(linear_cpu(x, w, b, path=path), x, w, b)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
-def test_bf16_weights_are_widened_exactly(scalar: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_weights_are_widened_exactly(path: str) -> None:
     x, w, b = operands(3, 100, 40, seed=5, dtype=torch.bfloat16)
-    y = linear_cpu(x, w, b, scalar=scalar)
+    y = linear_cpu(x, w, b, path=path)
     assert_equals_exact(y, x, w.float(), b)  # the bf16 values themselves, widened, not some rounding of them
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
-def test_a_row_gets_the_same_bits_alone_or_beside_others_and_with_any_thread_count(scalar: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_row_gets_the_same_bits_alone_or_beside_others_and_with_any_thread_count(path: str) -> None:
     """The property a speculative verify needs: a position's logits equal a one-token step's, bit for bit."""
     x, w, b = operands(MAX_ROWS, 576, 4099, seed=9)
-    alone = torch.cat([linear_cpu(x[i : i + 1], w, b, threads=1, scalar=scalar) for i in range(MAX_ROWS)])
+    alone = torch.cat([linear_cpu(x[i : i + 1], w, b, threads=1, path=path) for i in range(MAX_ROWS)])
     for rows in (2, 5, 8, 13, MAX_ROWS):
         for threads in (1, 2, 3):
-            assert torch.equal(linear_cpu(x[:rows], w, b, threads=threads, scalar=scalar), alone[:rows])
+            assert torch.equal(linear_cpu(x[:rows], w, b, threads=threads, path=path), alone[:rows])
 
 
 def test_leading_dimensions_are_kept() -> None:
@@ -139,3 +139,12 @@ def test_switched_off_it_changes_nothing(monkeypatch) -> None:
     model = TwoLayer()
     with fast_linears(model) as swapped:
         assert swapped == 0 and all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_path_caps_the_instruction_path_and_names_what_this_cpu_runs() -> None:
+    x, w, b = operands(2, 40, 24, seed=12)
+    assert PATHS[0] == dense_cpu_kernel() and PATHS[-1] == "scalar" and set(PATHS) <= set(cpu_ext.PATHS)
+    for path in PATHS:
+        assert_equals_exact(linear_cpu(x, w, b, path=path), x, w, b)
+    with pytest.raises(ValueError, match=f"path='neon' is not one this CPU runs; it runs {', '.join(PATHS)}"):
+        linear_cpu(x, w, path="neon")

@@ -1,4 +1,4 @@
-"""MACKO SpMV on the CPU (the C kernel, both its AVX-512 and portable paths) against the dense product."""
+"""MACKO SpMV on the CPU (the C kernel, every instruction path the CPU runs) against the dense product."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if not cpu_ext.built(NAME):  # reported in the summary (-rs), never silent; the 
     pytestmark = pytest.mark.skip(reason="paretolab.kernels._macko_cpu is not built (needs a C compiler with OpenMP): "
                                          "run `pip install -e . --no-deps --no-build-isolation`")
 
-PATHS = [False, True]  # scalar=False: AVX-512 where the CPU has it; scalar=True: the portable C path
+PATHS = cpu_ext.runnable_paths(NAME)  # every instruction path this CPU runs, best first (avx512, avx2, scalar)
 
 
 def assert_matches_dense(y: torch.Tensor, fmt: MackoMatrix, x: torch.Tensor) -> None:
@@ -28,14 +28,14 @@ def assert_matches_dense(y: torch.Tensor, fmt: MackoMatrix, x: torch.Tensor) -> 
     assert bool((err <= bound).all()), f"max error {err.max().item():.3g} over bound {bound.min().item():.3g}"
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("value_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("sparsity", [0.5, 0.7, 0.9])
 @pytest.mark.parametrize("shape", [(96, 576), (64, 1536), (45, 300)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_random_matrices_equal_the_dense_product(shape: tuple[int, int], sparsity: float, value_dtype: torch.dtype, scalar: bool) -> None:
+def test_random_matrices_equal_the_dense_product(shape: tuple[int, int], sparsity: float, value_dtype: torch.dtype, path: str) -> None:
     fmt = macko_encode(random_sparse(*shape, sparsity, seed=shape[0] + int(sparsity * 100)), value_dtype=value_dtype)
     x = torch.randn(shape[1], generator=torch.Generator().manual_seed(1))
-    y = macko_spmv_cpu(fmt, x, scalar=scalar)
+    y = macko_spmv_cpu(fmt, x, path=path)
     assert y.shape == (shape[0],) and y.dtype == torch.float32
     assert_matches_dense(y, fmt, x)
 
@@ -68,45 +68,45 @@ def pathological() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("value_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("name", list(pathological()))
-def test_pathological_matrices(name: str, value_dtype: torch.dtype, scalar: bool) -> None:
+def test_pathological_matrices(name: str, value_dtype: torch.dtype, path: str) -> None:
     dense = pathological()[name]
     fmt = macko_encode(dense, value_dtype=value_dtype)
     x = torch.randn(dense.shape[1], generator=torch.Generator().manual_seed(4))
-    y = macko_spmv_cpu(fmt, x, scalar=scalar)
+    y = macko_spmv_cpu(fmt, x, path=path)
     assert y.shape == (dense.shape[0],)
     assert_matches_dense(y, fmt, x)
     if name == "all-zero":
         assert torch.equal(y, torch.zeros(5))
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
-def test_thread_count_does_not_change_a_bit(scalar: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_thread_count_does_not_change_a_bit(path: str) -> None:
     fmt = macko_encode(random_sparse(301, 640, 0.6, seed=5))
     x = torch.randn(3, 640, generator=torch.Generator().manual_seed(5))
-    one = macko_spmv_cpu(fmt, x, threads=1, scalar=scalar)
+    one = macko_spmv_cpu(fmt, x, threads=1, path=path)
     for threads in (2, 3, 7):
-        assert torch.equal(macko_spmv_cpu(fmt, x, threads=threads, scalar=scalar), one)
+        assert torch.equal(macko_spmv_cpu(fmt, x, threads=threads, path=path), one)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
-def test_a_batch_equals_each_vector_alone(scalar: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_batch_equals_each_vector_alone(path: str) -> None:
     """Several tokens in one pass (more than the 8 a pass holds) give each token's own result exactly."""
     fmt = macko_encode(random_sparse(70, 200, 0.5, seed=6), value_dtype=torch.bfloat16)
     xs = torch.randn(2, 5, 200, generator=torch.Generator().manual_seed(6))
-    ys = macko_spmv_cpu(fmt, xs, scalar=scalar)
+    ys = macko_spmv_cpu(fmt, xs, path=path)
     assert ys.shape == (2, 5, 70)
     for i in range(2):
         for j in range(5):
-            assert torch.equal(ys[i, j], macko_spmv_cpu(fmt, xs[i, j], scalar=scalar))
+            assert torch.equal(ys[i, j], macko_spmv_cpu(fmt, xs[i, j], path=path))
 
 
 def test_the_two_paths_agree_and_x_dtype_is_kept() -> None:
     fmt = macko_encode(random_sparse(50, 333, 0.7, seed=8))
     x = torch.randn(333, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
-    fast, portable = macko_spmv_cpu(fmt, x), macko_spmv_cpu(fmt, x, scalar=True)
+    fast, portable = macko_spmv_cpu(fmt, x), macko_spmv_cpu(fmt, x, path="scalar")
     assert fast.dtype == torch.bfloat16
     torch.testing.assert_close(fast, portable)
 
@@ -119,8 +119,8 @@ def test_entries_not_stored_never_reach_the_sum() -> None:
     fmt = macko_encode(dense)
     x = torch.randn(100, generator=torch.Generator().manual_seed(9))
     x[90:] = float("inf")
-    for scalar in PATHS:
-        y = macko_spmv_cpu(fmt, x, scalar=scalar)
+    for path in PATHS:
+        y = macko_spmv_cpu(fmt, x, path=path)
         assert torch.isfinite(y).all()
         torch.testing.assert_close(y, macko_spmv_ref(fmt, x), rtol=1e-5, atol=1e-5)
 
@@ -146,7 +146,7 @@ def test_corrupt_formats_raise_instead_of_reading_out_of_bounds() -> None:
 def test_switched_off_it_runs_the_pytorch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     fmt = macko_encode(random_sparse(30, 64, 0.5, seed=11))
     x = torch.randn(2, 64)
-    assert macko_cpu_kernel() in ("avx512", "scalar")
+    assert macko_cpu_kernel() in cpu_ext.PATHS
     monkeypatch.setenv(cpu_ext.ENV, "0")
     assert macko_cpu_kernel() is None
     y = macko_spmv_cpu(fmt, x)

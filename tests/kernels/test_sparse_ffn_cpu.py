@@ -1,4 +1,4 @@
-"""The one-token ReLU-GLU FFN in C (both its AVX-512 and portable paths) against the dense FFN."""
+"""The one-token ReLU-GLU FFN in C (every instruction path the CPU runs) against the dense FFN."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if not cpu_ext.built(NAME):  # reported in the summary (-rs), never silent
     pytestmark = pytest.mark.skip(reason="paretolab.kernels._sparse_ffn_cpu is not built (needs a C compiler with OpenMP): "
                                          "run `pip install -e . --no-deps --no-build-isolation`")
 
-PATHS = [False, True]  # scalar=False: AVX-512 where the CPU has it; scalar=True: the portable C path
+PATHS = cpu_ext.runnable_paths(NAME)  # every instruction path this CPU runs, best first (avx512, avx2, scalar)
 
 
 def ffn_weights(hidden: int, units: int, dead: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -34,40 +34,40 @@ def assert_equals_dense_ffn(y: torch.Tensor, x: torch.Tensor, gate: torch.Tensor
     torch.testing.assert_close(y.double().reshape(-1), exact, rtol=1e-5, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("act", ["relu", "relu2"])
 @pytest.mark.parametrize("dead", [0.0, 0.5, 0.9, 0.95, 0.98, 1.0])
-def test_equals_the_dense_ffn_at_smollm2_shape(dead: float, act: str, scalar: bool) -> None:
+def test_equals_the_dense_ffn_at_smollm2_shape(dead: float, act: str, path: str) -> None:
     gate, up, down = ffn_weights(576, 1536, dead, seed=int(dead * 100))
     x = torch.randn(1, 1, 576, generator=torch.Generator().manual_seed(1))
-    y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), act, scalar=scalar)
+    y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), act, path=path)
     assert_equals_dense_ffn(y, x, gate, up, down, act)
     if dead == 1.0:
         assert torch.equal(y, torch.zeros_like(x))
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("hidden", "units"), [(1, 1), (7, 13), (37, 100), (100, 37), (64, 256)])
-def test_odd_shapes(hidden: int, units: int, scalar: bool) -> None:
+def test_odd_shapes(hidden: int, units: int, path: str) -> None:
     gate, up, down = ffn_weights(hidden, units, 0.5, seed=hidden * 7 + units)
     x = torch.randn(hidden, generator=torch.Generator().manual_seed(2))
-    y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), "relu", scalar=scalar)
+    y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), "relu", path=path)
     assert_equals_dense_ffn(y, x, gate, up, down, "relu")
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
-def test_thread_count_does_not_change_a_bit(scalar: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_thread_count_does_not_change_a_bit(path: str) -> None:
     gate, up, down = ffn_weights(200, 700, 0.9, seed=3)
     x = torch.randn(200, generator=torch.Generator().manual_seed(3))
     down_t = down.t().contiguous()
-    one = sparse_ffn_cpu(x, gate, up, down_t, "relu", threads=1, scalar=scalar)
+    one = sparse_ffn_cpu(x, gate, up, down_t, "relu", threads=1, path=path)
     for threads in (2, 3, 5):
-        assert torch.equal(sparse_ffn_cpu(x, gate, up, down_t, "relu", threads=threads, scalar=scalar), one)
+        assert torch.equal(sparse_ffn_cpu(x, gate, up, down_t, "relu", threads=threads, path=path), one)
 
 
-@pytest.mark.parametrize("scalar", PATHS, ids=["vector", "scalar"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("alive", [[0], [9], [0, 9], [4, 5], [3]], ids=["first", "last", "ends", "middle", "one"])
-def test_a_few_active_units_at_the_edges_of_each_threads_share(alive: list[int], scalar: bool) -> None:
+def test_a_few_active_units_at_the_edges_of_each_threads_share(alive: list[int], path: str) -> None:
     # the kernel walks from one active unit to the next (and asks for its rows ahead): the first and
     # last unit of each thread's share, and of the whole layer, must each count once
     gate, up, down = ffn_weights(40, 10, 1.0, seed=7)
@@ -76,7 +76,7 @@ def test_a_few_active_units_at_the_edges_of_each_threads_share(alive: list[int],
     for unit in alive:  # a gate row along x: positive for this token
         gate[unit] = x / x.norm()
     for threads in (1, 2, 3):
-        y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), "relu", threads=threads, scalar=scalar)
+        y = sparse_ffn_cpu(x, gate, up, down.t().contiguous(), "relu", threads=threads, path=path)
         assert_equals_dense_ffn(y, x, gate, up, down, "relu")
 
 
@@ -84,7 +84,7 @@ def test_the_two_paths_agree() -> None:
     gate, up, down = ffn_weights(576, 1536, 0.95, seed=4)
     x = torch.randn(576, generator=torch.Generator().manual_seed(4))
     down_t = down.t().contiguous()
-    fast, portable = sparse_ffn_cpu(x, gate, up, down_t, "relu2"), sparse_ffn_cpu(x, gate, up, down_t, "relu2", scalar=True)
+    fast, portable = sparse_ffn_cpu(x, gate, up, down_t, "relu2"), sparse_ffn_cpu(x, gate, up, down_t, "relu2", path="scalar")
     torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-5 * float(fast.abs().max()))  # sums in another order
 
 
@@ -104,7 +104,7 @@ def test_bad_inputs_name_what_to_pass() -> None:
 
 
 def test_switched_off_the_caller_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sparse_ffn_kernel() in ("avx512", "scalar")
+    assert sparse_ffn_kernel() in cpu_ext.PATHS
     monkeypatch.setenv(cpu_ext.ENV, "off")
     assert sparse_ffn_kernel() is None
     gate, up, down = ffn_weights(16, 32, 0.5, seed=6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from paretolab.measure.measures import Latency, LatencyOptions
-from paretolab.measure.timing import node_lock, relative_spread, time_paired
+from paretolab.measure.timing import cpu_name, node_lock, relative_spread, time_paired
 from paretolab.plugin_api.subject import Subject
 
 FAST = dict(prompt_tokens=8, new_tokens=3, repeats=3, max_repeats=6, max_s=5.0, warmup=1)
@@ -117,3 +118,14 @@ def test_rounds_stop_when_settled_or_capped():
     noisy = iter([0.001, 0.02] * 100)
     capped = time_paired(lambda: time.sleep(next(noisy)), None, min_rounds=5, max_rounds=50, max_s=0.2, target=0.01)
     assert 3 <= len(capped.method) < 50 and relative_spread(capped.method) > 0.01
+
+
+def test_cpu_name_says_which_cpu_timed_a_benchmark(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7551\n\nprocessor\t: 1\nmodel name\t: other\n")
+    real = Path
+
+    monkeypatch.setattr("paretolab.measure.timing.Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
+    assert cpu_name() == "AMD EPYC 7551 (family 23, model 1)"
+    monkeypatch.setattr("paretolab.measure.timing.Path", lambda p: tmp_path / "missing")
+    assert cpu_name()  # no /proc/cpuinfo: platform's name, never an error
