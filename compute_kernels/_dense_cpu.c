@@ -181,12 +181,6 @@ AVX2 static inline __m256 load8_part(const void *src, int64_t at, int64_t n, int
     return _mm256_loadu_ps(part);
 }
 
-AVX2 static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 #define ROWS_PER_PASS_AVX2 6 /* 2 accumulators a row + 2 weight vectors: 14 of the 16 registers */
 
 /* As DOT_ROWS with 8-float vectors: even accumulates elements j..j+7 of each 16-float pair, odd

@@ -238,12 +238,6 @@ AVX2 static inline __attribute__((always_inline)) int64_t step8(const float *con
     return next;
 }
 
-AVX2 static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* One row, 8 entries a step (the AVX-512 path's scheme at half the width). */
 AVX2 static inline __attribute__((always_inline)) int row_avx2(const Spmv *p, int64_t r, int64_t b0, int nb, int bf16) {
     const float *xs[MAX_BATCH];

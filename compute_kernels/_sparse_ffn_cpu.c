@@ -106,10 +106,7 @@ AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
         int64_t m = n - j < 8 ? n - j : 8;
         s0 = _mm256_fmadd_ps(m == 8 ? _mm256_loadu_ps(a + j) : load8_part(a + j, m), m == 8 ? _mm256_loadu_ps(b + j) : load8_part(b + j, m), s0);
     }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
 AVX2 static void axpy_avx2(float *out, const float *w, float h, int64_t n) {
