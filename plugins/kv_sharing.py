@@ -183,7 +183,7 @@ def cache_bytes_per_token(model: torch.nn.Module, tokens: int = 16) -> float:
     device = next(model.parameters()).device
     ids = torch.ones((1, tokens), dtype=torch.long, device=device)  # the content does not change the cache's size
     with torch.no_grad():
-        _, cache = forward_with_cache(model, ids, last_only=True)
+        _, cache = forward_with_cache(model, ids, last_only=True, lean=False)  # transformers' cache: its layers are weighed
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise ConfigError(f"kv_cache: {type(model).__name__} returned a {type(cache).__name__}, not a transformers Cache with .layers")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from paretolab.errors import ConfigError
+from paretolab.generation.lean import LeanCache, lean_enabled, lean_forward, lean_supported
 from paretolab.plugin_api.subject import synchronize
 
 
@@ -84,12 +85,20 @@ def _keeps_logits(forward: Any) -> str | None:
 
 
 def forward_with_cache(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, *, last_only: bool = False,
-                       **kwargs: Any) -> tuple[torch.Tensor, Any]:
+                       lean: bool = True, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """One cached forward step: (logits, new cache). ``last_only``: logits of the last position only (B, 1, V).
 
     A prefill that needs one next token should not pay the LM head (and its (B, T, V) output) for
     every prompt position: at 2.7k tokens of SmolLM2 that is ~530 MB of fp32 logits.
+
+    One unpadded sequence of a model :func:`~paretolab.generation.lean.lean_supported` accepts
+    takes :func:`~paretolab.generation.lean.lean_forward` (the same arithmetic with less Python per
+    layer; its cache is a :class:`~paretolab.generation.lean.LeanCache`, which a later call continues).
+    ``lean=False`` keeps transformers' forward and cache (a caller that inspects the cache's layers).
     """
+    if isinstance(cache, LeanCache) or (
+            lean and cache is None and not kwargs and input_ids.shape[0] == 1 and lean_enabled() and lean_supported(model)):
+        return lean_forward(model, input_ids, cache, last_only=last_only)
     name = _cache_argument(type(model).forward)
     if cache is not None:
         kwargs[name] = cache

@@ -1,0 +1,167 @@
+"""A lean batch-1 cached forward for Llama-family models: the same arithmetic as transformers, less Python around it.
+
+At batch 1 a small model's decoding step is not all weight reads: SmolLM2-135M's one-token step
+through transformers spends a third of its time in the library's own per-layer Python (cache
+objects, mask building, attention dispatch, output records). :func:`lean_forward` runs the same
+model — its own embedding, norms, projections, rotary tables, MLPs and head modules, so a method
+that swaps a linear (MACKO, the dense CPU kernel) or an MLP (L1 sparsity) is honoured — but does
+the attention block itself: rotary embedding, a preallocated KV cache written in place, and one
+``scaled_dot_product_attention`` call (no mask for one query row; a causal offset mask for a
+k+1-token verify; ``is_causal`` for a fresh prefill).
+
+Only models it can reproduce take it (:func:`lean_supported`): a ``LlamaForCausalLM`` whose decoder
+layers and attention modules are transformers' own classes, unpatched, with sdpa or eager
+attention and no hooks other than forward hooks on decoder layers (those are called, so
+``TargetFeatures`` still records EAGLE's hidden states). Anything else — padded batches, methods
+that replace attention, other architectures — keeps the transformers forward. The results agree
+with it to float rounding (tests compare logits and greedy tokens); ``PARETOLAB_LEAN_DECODE=0`` or
+:func:`lean_decoding(False) <lean_decoding>` switches it off (benchmarks time both).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_enabled = [os.environ.get("PARETOLAB_LEAN_DECODE", "1") != "0"]
+
+
+@contextmanager
+def lean_decoding(enabled: bool) -> Iterator[None]:
+    """While active, :func:`forward_with_cache <paretolab.generation.decoding.forward_with_cache>` takes the lean path
+    (where the model supports it) or not; benchmarks use it to time both in one process."""
+    _enabled.append(enabled)
+    try:
+        yield
+    finally:
+        _enabled.pop()
+
+
+def lean_enabled() -> bool:
+    return _enabled[-1]
+
+
+class LeanCache:
+    """Keys and values of every layer in preallocated buffers (1, kv_heads, capacity, head_dim), grown by doubling.
+
+    It answers the two questions callers ask of a transformers cache: ``get_seq_length()`` and
+    ``crop(n)`` (n >= 0 keeps the first n positions, n < 0 drops the last -n), so the speculative
+    loop rolls it back exactly as it rolls back a ``DynamicCache``.
+    """
+
+    def __init__(self, layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.length = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        keep = self.length + max_length if max_length < 0 else max_length
+        self.length = max(0, min(self.length, keep))
+
+    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (1, kv_heads, T, head_dim) at the current length; the layer's keys and values up to length + T."""
+        start, end = self.length, self.length + key.shape[2]
+        buffer_k, buffer_v = self.keys[layer], self.values[layer]
+        if buffer_k is None or buffer_k.shape[2] < end:
+            capacity = max(64, end, 2 * (0 if buffer_k is None else buffer_k.shape[2]))
+            grown_k = key.new_empty((key.shape[0], key.shape[1], capacity, key.shape[3]))
+            grown_v = value.new_empty((value.shape[0], value.shape[1], capacity, value.shape[3]))
+            if buffer_k is not None and buffer_v is not None:
+                grown_k[:, :, :start] = buffer_k[:, :, :start]
+                grown_v[:, :, :start] = buffer_v[:, :, :start]
+            self.keys[layer], self.values[layer] = buffer_k, buffer_v = grown_k, grown_v
+        assert buffer_v is not None
+        buffer_k[:, :, start:end] = key
+        buffer_v[:, :, start:end] = value
+        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+
+def lean_supported(model: torch.nn.Module) -> bool:
+    """Whether :func:`lean_forward` reproduces this model's transformers forward (see the module docstring)."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    if type(model) is not LlamaForCausalLM or model.training or "forward" in model.__dict__:
+        return False
+    if getattr(model.config, "_attn_implementation", "eager") not in ("sdpa", "eager"):
+        return False
+    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return False
+    inner = model.model
+    if "forward" in inner.__dict__ or inner._forward_hooks or inner._forward_pre_hooks or model._forward_hooks or model._forward_pre_hooks:
+        return False
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if type(layer) is not LlamaDecoderLayer or type(attn) is not LlamaAttention:
+            return False
+        if "forward" in layer.__dict__ or "forward" in attn.__dict__ or layer._forward_pre_hooks or attn._forward_hooks or attn._forward_pre_hooks:
+            return False
+        if any(layer._forward_hooks_with_kwargs.get(key) for key in layer._forward_hooks):
+            return False
+    return True
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LeanCache, index: int) -> torch.Tensor:
+    """transformers' LlamaAttention.forward for batch 1 with a LeanCache (same projections, rotary and sdpa arithmetic)."""
+    tokens, head_dim = x.shape[1], attn.head_dim
+    q = attn.q_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    past = cache.length
+    keys, values = cache.append(index, k, v)
+    mask = None
+    if tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
+        mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=x.device).tril(past)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=tokens > 1 and past == 0,
+                                         scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1])
+    return attn.o_proj(out.transpose(1, 2).reshape(1, tokens, -1))
+
+
+def _call_hooks(layer: torch.nn.Module, inputs: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    for hook in list(layer._forward_hooks.values()):
+        replaced = hook(layer, (inputs,), output)
+        if replaced is not None:
+            output = replaced
+    return output
+
+
+@torch.no_grad()
+def lean_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: LeanCache | None = None, *,
+                 last_only: bool = False) -> tuple[torch.Tensor, LeanCache]:
+    """One cached forward of ``input_ids`` (1, T) after the cache's positions: (logits (1, T or 1, V), cache)."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"lean_forward decodes one sequence: input_ids must be (1, T), got {tuple(input_ids.shape)}")
+    inner = model.model
+    layers = inner.layers
+    if cache is None:
+        cache = LeanCache(len(layers))
+    tokens = input_ids.shape[1]
+    hidden = inner.embed_tokens(input_ids)
+    positions = torch.arange(cache.length, cache.length + tokens, device=input_ids.device).unsqueeze(0)
+    cos, sin = inner.rotary_emb(hidden, positions)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    for index, layer in enumerate(layers):
+        layer_in = hidden
+        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if layer._forward_hooks:
+            hidden = _call_hooks(layer, layer_in, hidden)
+    cache.length += tokens
+    hidden = inner.norm(hidden[:, -1:] if last_only else hidden)
+    return model.lm_head(hidden), cache
