@@ -43,6 +43,7 @@ typedef struct {
     const int32_t *row_ptr;
     int64_t rows, cols, n_values;
     int bf16;          /* 0: fp16 values, 1: bf16 values */
+    int prefetch;      /* AVX-512 path: prefetch values and codes ahead (on Intel CPUs; see row_avx512) */
     const float *x;    /* (batch, x_stride) fp32 */
     int64_t x_stride;
     int64_t batch;
@@ -161,9 +162,10 @@ AVX512 static inline __attribute__((always_inline)) int64_t step(const float *co
  * ~70 % sparsity) x is read as 4 vectors from the step's first possible column and the 16
  * values picked by two in-register permutes; wider steps read x one entry at a time (a hardware
  * gather was slower than that here). x rows are padded by X_PAD zeros, so a window that starts
- * at any column <= cols stays inside the buffer. Values and codes are prefetched PREFETCH_BYTES
- * ahead: on an Intel Xeon (Sapphire Rapids class) that made the cold cells 10-25 % faster, the
- * hardware prefetcher alone did not keep two streams ahead of this compute-bound loop. */
+ * at any column <= cols stays inside the buffer. On Intel CPUs values and codes are prefetched
+ * PREFETCH_BYTES ahead: on a two-core Xeon (Sapphire/Emerald Rapids class) that made the cold
+ * cells 10-25 % faster (its hardware prefetcher alone did not keep the two streams ahead of this
+ * compute-bound loop); on an AMD Zen 4 a software prefetch here measured slower, so AMD has none. */
 AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p, int64_t r, int64_t b0, int nb, int bf16) {
     const float *xs[MAX_BATCH];
     __m512 acc[MAX_BATCH];
@@ -182,8 +184,10 @@ AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p
     }
     for (; e - i >= 16 && col >= -1; i += 16) {
         uint64_t d;
-        _mm_prefetch((const char *)(values + i) + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)(deltas + (i >> 1)) + PREFETCH_BYTES / 4, _MM_HINT_T0);
+        if (p->prefetch) {
+            _mm_prefetch((const char *)(values + i) + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(deltas + (i >> 1)) + PREFETCH_BYTES / 4, _MM_HINT_T0);
+        }
         memcpy(&d, deltas + (i >> 1), 8);
         __m512 v = widen(_mm256_loadu_si256((const __m256i *)(values + i)), bf16);
         col = step(xs, acc, nb, col, cols, d, v, 16, 1);
@@ -360,7 +364,11 @@ static PyObject *py_spmv(PyObject *self, PyObject *args) {
         return NULL;
     }
     Spmv p = {(const uint16_t *)(uintptr_t)values, (const uint8_t *)(uintptr_t)deltas, (const int32_t *)(uintptr_t)row_ptr,
-              rows, cols, n_values, bf16, (const float *)(uintptr_t)x, x_stride, batch, (float *)(uintptr_t)y};
+              rows, cols, n_values, bf16, 0, (const float *)(uintptr_t)x, x_stride, batch, (float *)(uintptr_t)y};
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    p.prefetch = __builtin_cpu_is("intel");
+#endif
     /* The row pointers must start at 0, never decrease and stay inside the value buffer. */
     if (p.row_ptr[0] != 0 || p.row_ptr[rows] > n_values) {
         PyErr_Format(PyExc_ValueError, "macko spmv: row_ptr must run from 0 to at most %lld stored values, got %d..%d; "
