@@ -1,7 +1,7 @@
 """Speculative decoding (EAGLE draft) vs greedy decoding on SmolLM2-135M, batch 1, side by side in one run.
 
-    python benchmarks/speculative_cpu.py                               # arithmetic and prose, k = 1..5 and auto
-    python benchmarks/speculative_cpu.py --k 2,3,auto --prompts 4 --out spec.json
+    python benchmarks/speculative_cpu.py                               # arithmetic and prose: chain k=2 and auto, a tree, +lookup
+    python benchmarks/speculative_cpu.py --k 2,3 --trees "nodes=4,depth=3,width=2,topk=2;nodes=6" --lookup 0,4 --prompts 4
 
 Prompt sets (eval parts, never trained on by the draft; see plugins/speculative/corpus.py):
 ``arithmetic`` is GSM8K questions in the chat template (the model writes its worked arithmetic),
@@ -9,10 +9,15 @@ or the generated arithmetic problems where the GSM8K file is missing; ``prose`` 
 held-out text to continue (pydoc where WikiText-2 is missing). The JSON names the set it used.
 
 Contenders, each decoding the same prompts greedily to the end of sequence or ``--new-tokens``:
-``hf_generate`` (transformers' ``generate``), ``greedy`` (our KV-cached loop, torch's matmuls:
-the unmodified model), ``greedy_kernel`` (our loop, linears through the dense CPU kernel that
-the speculative generator also uses), and ``spec_k<k>`` (the speculative generator with the
-EAGLE draft, k drafts per verify; ``spec_kauto``: k chosen by measured acceptance and cost).
+``hf_generate`` (transformers' ``generate``), ``greedy`` (our KV-cached loop at batch 1, which
+takes the lean forward; torch's matmuls: the unmodified model), ``greedy_kernel`` (the same loop,
+linears through the dense CPU kernel that the speculative generator also uses), ``spec_k<k>`` (the
+speculative generator with the EAGLE draft, a chain of k drafts per verify; ``spec_kauto``: k
+chosen by measured acceptance and cost), ``tree_n..d..w..t..`` (an EAGLE-2 dynamic draft tree of
+that many nodes, depth, width and top-k, verified in one forward with a tree mask),
+``...+lookup<n>`` (the tree plus a prompt-lookup branch of up to n tokens; ``<n>/<m>``: growing to m
+while a round accepts it whole, the draft model skipped meanwhile) and ``lookup<n>`` (prompt lookup
+alone, no draft model).
 Every prompt runs every contender ``--repeats`` times, the order rotating; a contender's time on
 a prompt is the median of its repeats, end to end (prefill included), after one warm-up call of
 each contender on the first prompt (its time is reported as ``cold_s``: first call in the
@@ -20,8 +25,8 @@ process). A speed-up is per prompt (``greedy_best``: the faster of greedy and gr
 that prompt), summarised over prompts by the geometric mean with a 95 % t-interval of the log
 ratios: the prompts are the replicates. ``identical``: the speculative tokens equal the
 unmodified model's greedy tokens (and greedy_kernel's) on every prompt. ``time_split``: one more
-instrumented pass of the speculative generator (k auto, else the largest k) saying where a round's
-time goes: the target's verify forward, the draft's proposals, and the loop's own bookkeeping.
+instrumented pass of each speculative arm saying where a round's time goes: the target's verify
+forward, the drafts (draft model and lookup), and the loop's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ from paretolab.measure.timing import cpu_name, node_lock, torch_threads
 from paretolab.models import load_subject
 from paretolab.plugins.speculative.choose_k import choose_k, measure_costs
 from paretolab.plugins.speculative.corpus import available_sets, prompt_set
-from paretolab.plugins.speculative.eagle import EagleDrafter
+from paretolab.plugins.speculative.eagle import EagleDrafter, LoadedDraft
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
+from paretolab.plugins.speculative.lookup import LookupOnly
 from paretolab.plugins.speculative.train import load_draft
+from paretolab.plugins.speculative.tree import TreeShape
 from paretolab.results.estimate import t_half_width
 
 SETS = {"arithmetic": ("gsm8k", "arithmetic"), "prose": ("wikitext2", "pydoc")}  # first whose data is here
@@ -62,7 +69,34 @@ def geo_summary(ratios: list[float]) -> dict[str, Any]:
             "per_prompt": [round(r, 4) for r in ratios]}
 
 
-def contenders(subject: Any, ks: list[int | str], auto_k: int | None) -> dict[str, Callable[[list[int], int], list[int]]]:
+def _lookup(text: str) -> tuple[int, int | None]:
+    """``"4"`` -> (4, None): 4 lookup tokens a round; ``"4/16"`` -> (4, 16): growing to 16 while wholly accepted."""
+    n, _, most = text.partition("/")
+    return int(n), int(most) if most else None
+
+
+def spec_arms(ks: list[int | str], auto_k: int | None, trees: list[str], lookups: list[str]) -> dict[str, Callable[[LoadedDraft], SpeculativeGenerator]]:
+    """Name -> a factory of the speculative generator that arm runs (a fresh drafter per arm: no shared state)."""
+    arms: dict[str, Callable[[LoadedDraft], SpeculativeGenerator]] = {}
+    for k in ks:
+        kk = auto_k if k == "auto" else int(k)
+        if kk is not None:
+            arms[f"spec_k{k}"] = lambda loaded, kk=kk: SpeculativeGenerator(EagleDrafter(loaded), kk)
+    for text in trees:
+        shape = TreeShape.parse(text)
+        label = f"tree_n{shape.nodes}d{shape.depth}w{shape.width}t{shape.topk}"
+        for lookup in lookups:
+            n, most = _lookup(lookup)
+            name = label + (f"+lookup{lookup}" if n else "")
+            arms[name] = lambda loaded, shape=shape, n=n, most=most: SpeculativeGenerator(EagleDrafter(loaded), 1, shape, lookup=n, lookup_max=most)
+    for lookup in lookups:
+        n, most = _lookup(lookup)
+        if n:
+            arms[f"lookup{lookup}"] = lambda loaded, n=n, most=most: SpeculativeGenerator(LookupOnly(), 1, lookup=n, lookup_max=most)
+    return arms
+
+
+def contenders(subject: Any, arms: dict[str, Callable[[LoadedDraft], SpeculativeGenerator]]) -> dict[str, Callable[[list[int], int], list[int]]]:
     model, eos = subject.model, subject.tokenizer.eos_token_id
 
     def hf(prompt: list[int], n: int) -> list[int]:
@@ -82,25 +116,24 @@ def contenders(subject: Any, ks: list[int | str], auto_k: int | None) -> dict[st
     if dense_cpu_kernel() is not None:
         out["greedy_kernel"] = greedy_kernel
     loaded = load_draft(subject.model_name, model)
-    for k in ks:
-        kk = auto_k if k == "auto" else int(k)
-        if kk is None:
-            continue
-        generator = SpeculativeGenerator(EagleDrafter(loaded), kk)
+    for name, make in arms.items():
+        generator = make(loaded)
         stats: dict[str, list[float]] = {}
 
         def spec(prompt: list[int], n: int, generator: SpeculativeGenerator = generator, stats: dict[str, list[float]] = stats) -> list[int]:
             result = generator.generate(subject, [prompt], max_new_tokens=n, stop_ids=[eos])
             stats.setdefault("accepted", []).append(result.stats["mean_accepted_len"])
+            stats.setdefault("drafted", []).append(result.stats["draft_tokens"])
             return result.sequences[0]
 
         spec.stats = stats  # type: ignore[attr-defined]
-        out[f"spec_k{k}"] = spec
+        out[name] = spec
     return out
 
 
-def run_set(subject: Any, name: str, prompts: list[list[int]], new_tokens: int, repeats: int, ks: list[int | str], auto_k: int | None) -> dict[str, Any]:
-    arms = contenders(subject, ks, auto_k)
+def run_set(subject: Any, name: str, prompts: list[list[int]], new_tokens: int, repeats: int,
+            spec: dict[str, Callable[[LoadedDraft], SpeculativeGenerator]]) -> dict[str, Any]:
+    arms = contenders(subject, spec)
     names = list(arms)
     cold = {}
     for arm, fn in arms.items():
@@ -131,12 +164,11 @@ def run_set(subject: Any, name: str, prompts: list[list[int]], new_tokens: int, 
         "greedy_over_hf_generate": geo_summary([g / h for g, h in zip(rate["greedy"], rate["hf_generate"], strict=True)]),
         "spec": {},
     }
-    for arm in names:
-        if not arm.startswith("spec_"):
-            continue
+    for arm in spec:
         fn = arms[arm]
         result["spec"][arm] = {
             "accepted_len": round(statistics.fmean(fn.stats["accepted"][1:]), 3),  # type: ignore[attr-defined]  (warm-up call left out)
+            "draft_tokens_per_prompt": round(statistics.fmean(fn.stats["drafted"][1:]), 1),  # type: ignore[attr-defined]
             "over_greedy_best": geo_summary([s / b for s, b in zip(rate[arm], best, strict=True)]),
             "over_greedy_torch": geo_summary([s / g for s, g in zip(rate[arm], rate["greedy"], strict=True)]),
             "over_hf_generate": geo_summary([s / h for s, h in zip(rate[arm], rate["hf_generate"], strict=True)]),
@@ -147,13 +179,17 @@ def run_set(subject: Any, name: str, prompts: list[list[int]], new_tokens: int, 
     return result
 
 
-def time_split(subject: Any, k: int, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    """Where a speculative round's time goes (one extra run per prompt, instrumented): verify, draft, the loop's own."""
+def time_split(subject: Any, make: Callable[[LoadedDraft], SpeculativeGenerator], prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Where a speculative round's time goes (one extra run per prompt, instrumented): verify, draft, the loop's own.
+
+    ``draft`` is the drafter's proposal (chain or tree) and the prompt lookup; ``verify`` the
+    target's forward (a tree's included); ``loop`` the rest (acceptance, cache roll-back, bookkeeping).
+    """
     import paretolab.plugins.speculative.generator as gen
 
     spent = {"verify": 0.0, "draft": 0.0}
-    real_forward = gen.forward_with_cache
-    generator = SpeculativeGenerator(EagleDrafter(load_draft(subject.model_name, subject.model)), k)
+    real_forward, real_lean = gen.forward_with_cache, gen.lean_forward
+    generator = make(load_draft(subject.model_name, subject.model))
 
     def timed(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -164,9 +200,8 @@ def time_split(subject: Any, k: int, prompts: list[list[int]], new_tokens: int) 
                 spent[key] += time.perf_counter() - start
         return run
 
-    forward, propose = timed(real_forward, "verify"), timed(generator.drafter.propose, "draft")
-    generator.drafter.propose = propose  # type: ignore[method-assign]
-    gen.forward_with_cache = forward
+    generator._draft = timed(generator._draft, "draft")  # type: ignore[method-assign]
+    gen.forward_with_cache, gen.lean_forward = timed(real_forward, "verify"), timed(real_lean, "verify")
     try:
         generator.generate(subject, prompts[:1], max_new_tokens=8)
         spent.update(verify=0.0, draft=0.0)
@@ -178,7 +213,7 @@ def time_split(subject: Any, k: int, prompts: list[list[int]], new_tokens: int) 
             prefill += out.prefill_s
             rounds += out.tokens_sequential - 1
     finally:
-        gen.forward_with_cache = real_forward
+        gen.forward_with_cache, gen.lean_forward = real_forward, real_lean
     verify = spent["verify"] - prefill  # the prefill's forward is the same call
     return {"rounds": rounds, "verify_ms_per_round": 1e3 * verify / rounds, "draft_ms_per_round": 1e3 * spent["draft"] / rounds,
             "loop_ms_per_round": 1e3 * (total - prefill - verify - spent["draft"]) / rounds, "prefill_ms_per_prompt": 1e3 * prefill / len(prompts)}
@@ -191,7 +226,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8)")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--prompt-tokens", type=int, default=64, help="length of a prose prompt")
-    parser.add_argument("--k", default="1,2,3,4,5,auto", help="draft lengths; auto: chosen by measured acceptance and cost")
+    parser.add_argument("--k", default="2,auto", help="chain draft lengths; auto: chosen by measured acceptance and cost; '' for none")
+    parser.add_argument("--trees", default="nodes=4,depth=3,width=2,topk=2",
+                        help="EAGLE draft-tree shapes, ';'-separated, each nodes=,depth=,width=,topk= (see plugins/speculative/tree.py); '' for none")
+    parser.add_argument("--lookup", default="0,4/16",
+                        help="prompt-lookup tokens added to each tree (0: none; n/m: n a round, growing to m while wholly accepted); "
+                             "each n > 0 also runs lookup alone")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="speculative_cpu.json")
@@ -204,7 +244,9 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     subject = load_subject(args.model)
-    ks: list[int | str] = [k if k == "auto" else int(k) for k in args.k.split(",")]
+    ks: list[int | str] = [k if k == "auto" else int(k) for k in filter(None, args.k.split(","))]
+    trees = [t for t in args.trees.split(";") if t.strip()]
+    lookups = [n.strip() for n in args.lookup.split(",") if n.strip()]
     loaded = load_draft(subject.model_name, subject.model)
     report: dict[str, Any] = {
         "model": args.model, "cpu": cpu_name(), "threads": torch.get_num_threads(), "kernel": dense_cpu_kernel(), "load_before": os.getloadavg(),
@@ -222,9 +264,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for kind in args.sets.split(","):
         name = available_sets(SETS[kind])[0]
         prompts = prompt_set(subject.tokenizer, name, "eval", args.prompts, length=args.prompt_tokens)
-        result = run_set(subject, name, prompts, args.new_tokens, args.repeats, ks, auto_k)
-        split_k = auto_k or max(int(k) for k in ks if k != "auto")
-        result["time_split"] = {"k": split_k, **time_split(subject, split_k, prompts, args.new_tokens)}
+        arms = spec_arms(ks, auto_k, trees, lookups)
+        result = run_set(subject, name, prompts, args.new_tokens, args.repeats, arms)
+        result["time_split"] = {arm: time_split(subject, arms[arm], prompts, args.new_tokens) for arm in arms}
         report["sets"][kind] = result
         print(f"{kind} ({name}): tok/s {result['tok_s']}")
         for arm, r in result["spec"].items():

@@ -71,10 +71,16 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` through ``linear_cpu`` where the kernel is on and takes the tensors (no autograd needed), else torch's."""
+    """``F.linear`` through ``linear_cpu`` where the kernel is on and takes the tensors (no autograd needed), else torch's.
+
+    A bf16 weight beside fp32 ``x`` (a module stored in bf16 for the kernel's sake) is widened to
+    fp32 on torch's path: the same products the kernel computes, for inputs it does not take.
+    """
     if (fits(x, weight, bias) and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and extension(NAME) is not None):
         return linear_cpu(x, weight, bias)
+    if weight.dtype != x.dtype and weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
+        weight = weight.float()
     return F.linear(x, weight, bias)
 
 

@@ -113,9 +113,10 @@ def forward_with_cache(model: torch.nn.Module, input_ids: torch.Tensor, cache: A
 class BatchDecoder:
     """One KV cache over a batch of left-padded rows; tokens go in, last-position logits come out."""
 
-    def __init__(self, model: torch.nn.Module, *, pad_id: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, *, pad_id: int = 0, single: bool = False) -> None:
         self.model = model
         self.pad_id = pad_id
+        self.single = single  # one row, never repeated: no padding, so no mask to pass (and the lean forward where the model allows)
         self.device = next(model.parameters()).device
         self.cache: Any = None
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # (B, L) 1 = real token
@@ -162,6 +163,9 @@ class BatchDecoder:
         return logits
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.single and self.rows == 1:
+            logits, self.cache = forward_with_cache(self.model, ids, self.cache, last_only=True)
+            return logits[:, -1].float()
         k = ids.shape[1]
         positions = (self.mask.cumsum(-1) - 1).clamp_min(0)[:, -k:]  # real tokens before each new one
         logits, self.cache = forward_with_cache(
@@ -184,6 +188,8 @@ class BatchDecoder:
 
     def repeat(self, times: int) -> None:
         """Repeat every row ``times`` times in place (row r becomes rows r*times .. r*times+times-1)."""
+        if self.single:
+            raise ConfigError("BatchDecoder(single=True) decodes one row; repeat() needs a decoder made without single")
         self.mask = self.mask.repeat_interleave(times, dim=0)
         if self.cache is not None:
             self.cache.batch_repeat_interleave(times)

@@ -83,6 +83,22 @@ class LeanCache:
         buffer_v[:, :, start:end] = value
         return buffer_k[:, :, :end], buffer_v[:, :, :end]
 
+    def keep(self, start: int, offsets: list[int]) -> None:
+        """Keep, of the positions from ``start`` on, those at ``start + offsets`` (increasing), moved to ``start, start+1, ...``.
+
+        A tree verify writes every node of the tree after the accepted prefix; the accepted path's
+        nodes (a subsequence of them) become the next positions, the rest are dropped.
+        """
+        if any(b <= a for a, b in zip(offsets, offsets[1:])) or (offsets and (offsets[0] < 0 or start + offsets[-1] >= self.length)):
+            raise ValueError(f"LeanCache.keep: offsets must increase within the {self.length - start} positions after {start}, got {offsets}")
+        if offsets != list(range(len(offsets))):
+            index = torch.tensor(offsets, device=self.keys[0].device if self.keys[0] is not None else None) + start
+            for buffers in (self.keys, self.values):
+                for buffer in buffers:
+                    if buffer is not None:
+                        buffer[:, :, start : start + len(offsets)] = buffer[:, :, index]
+        self.length = start + len(offsets)
+
 
 def lean_supported(model: torch.nn.Module) -> bool:
     """Whether :func:`lean_forward` reproduces this model's transformers forward (see the module docstring)."""
@@ -115,7 +131,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LeanCache, index: int) -> torch.Tensor:
+def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LeanCache, index: int,
+               block_mask: torch.Tensor | None) -> torch.Tensor:
     """transformers' LlamaAttention.forward for batch 1 with a LeanCache (same projections, rotary and sdpa arithmetic)."""
     tokens, head_dim = x.shape[1], attn.head_dim
     q = attn.q_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
@@ -126,9 +143,11 @@ def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     past = cache.length
     keys, values = cache.append(index, k, v)
     mask = None
-    if tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
+    if block_mask is not None:  # a tree: row i sees the past and the block rows block_mask[i] names
+        mask = torch.cat([block_mask.new_ones((tokens, past)), block_mask], dim=1)
+    elif tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
         mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=x.device).tril(past)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=tokens > 1 and past == 0,
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=tokens > 1 and past == 0 and mask is None,
                                          scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1])
     return attn.o_proj(out.transpose(1, 2).reshape(1, tokens, -1))
 
@@ -143,22 +162,34 @@ def _call_hooks(layer: torch.nn.Module, inputs: torch.Tensor, output: torch.Tens
 
 @torch.no_grad()
 def lean_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: LeanCache | None = None, *,
-                 last_only: bool = False) -> tuple[torch.Tensor, LeanCache]:
-    """One cached forward of ``input_ids`` (1, T) after the cache's positions: (logits (1, T or 1, V), cache)."""
+                 last_only: bool = False, positions: torch.Tensor | None = None,
+                 block_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, LeanCache]:
+    """One cached forward of ``input_ids`` (1, T) after the cache's positions: (logits (1, T or 1, V), cache).
+
+    A token tree (speculative verification of several candidate continuations at once) gives
+    ``positions`` (T,): each token's position (the cache length plus its depth in the tree), and
+    ``block_mask`` (T, T) bool: which of the block's tokens each one sees (its ancestors and
+    itself); every token sees the whole past. Without them the block is one causal sequence.
+    """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"lean_forward decodes one sequence: input_ids must be (1, T), got {tuple(input_ids.shape)}")
+    tokens = input_ids.shape[1]
+    if (positions is None) != (block_mask is None) or (
+            block_mask is not None and (block_mask.shape != (tokens, tokens) or positions is None or positions.shape != (tokens,))):
+        raise ValueError(f"lean_forward: a tree needs positions ({tokens},) and block_mask ({tokens}, {tokens}) together, "
+                         f"got {None if positions is None else tuple(positions.shape)} and {None if block_mask is None else tuple(block_mask.shape)}")
     inner = model.model
     layers = inner.layers
     if cache is None:
         cache = LeanCache(len(layers))
-    tokens = input_ids.shape[1]
     hidden = inner.embed_tokens(input_ids)
-    positions = torch.arange(cache.length, cache.length + tokens, device=input_ids.device).unsqueeze(0)
-    cos, sin = inner.rotary_emb(hidden, positions)
+    if positions is None:
+        positions = torch.arange(cache.length, cache.length + tokens, device=input_ids.device)
+    cos, sin = inner.rotary_emb(hidden, positions.unsqueeze(0))
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     for index, layer in enumerate(layers):
         layer_in = hidden
-        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index)
+        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index, block_mask)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         if layer._forward_hooks:
             hidden = _call_hooks(layer, layer_in, hidden)

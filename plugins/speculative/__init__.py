@@ -5,9 +5,12 @@ Models via Training-Time Test", 2025; training code: sgl-project/SpecForge) and 
 decoding (Zhang et al., "Draft & Verify: Lossless Large Language Model Acceleration via
 Self-Speculative Decoding", ACL 2024). The papers': draft k tokens, verify them in one target
 forward, keep the longest prefix the target agrees with plus the target's own next token, so the
-output is exactly the target's greedy output. Ours: chain drafts (no token tree), batch 1 per
-prompt, greedy only (no sampling); the self draft's layers are chosen by the layerdrop plugin's
-block influence / representation shift; details of each draft in ``eagle.py`` and ``self_draft.py``.
+output is exactly the target's greedy output. Ours: a chain of k drafts, or (``tree``) EAGLE-2's
+dynamic draft tree verified in one forward with a tree attention mask (``tree.py``), optionally
+with a prompt-lookup branch (``lookup``: the tokens that followed the last occurrence of the
+current suffix, ``lookup.py``; ``draft: lookup`` uses it alone); batch 1 per prompt, greedy only
+(no sampling); the self draft's layers are chosen by the layerdrop plugin's block influence /
+representation shift; details of each draft in ``eagle.py`` and ``self_draft.py``.
 
 ``transform`` installs the generator (generation tasks then decode with it); ``measure`` decodes
 held-out prompts with plain greedy decoding and with the speculative generator in the same run,
@@ -35,10 +38,13 @@ from paretolab.plugins.speculative.choose_k import choose_k, measure_costs
 from paretolab.plugins.speculative.corpus import prompt_set
 from paretolab.plugins.speculative.eagle import EagleDrafter
 from paretolab.plugins.speculative.generator import Drafter, SpeculativeGenerator
+from paretolab.plugins.speculative.lookup import LookupOnly
 from paretolab.plugins.speculative.self_draft import LayerSkipDrafter
 from paretolab.plugins.speculative.train import load_draft
+from paretolab.plugins.speculative.tree import TreeShape
 
-DRAFTS = ("eagle", "self")
+DRAFTS = ("eagle", "self", "lookup")
+TREES = ("none", "nodes=4,depth=3,width=2,topk=2", "nodes=3,depth=3,width=1,topk=2", "nodes=6,depth=4,width=2,topk=3")
 SKIP_SCORES = ("block_influence", "shift")
 PAPER = Paper("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test", "arXiv 2025", "https://arxiv.org/abs/2503.01840")
 
@@ -66,12 +72,15 @@ class Speculative(Method):
         return {
             "draft": CategoricalDistribution(list(DRAFTS)),
             "k": CategoricalDistribution([*range(1, 9), "auto"]),  # auto: by the draft's measured acceptance and this machine's costs
+            "tree": CategoricalDistribution(list(TREES)),  # EAGLE only; "none": a chain of k
+            "lookup": CategoricalDistribution([0, 2, 4, 6]),
+            "lookup_max": CategoricalDistribution([0, 8, 16]),  # 0: the lookup never grows
             "skip": IntDistribution(1, 24),
         }
 
     def defaults(self) -> dict[str, Any]:
         return {
-            "draft": "eagle", "k": 4, "skip": 10, "skip_score": "block_influence",
+            "draft": "eagle", "k": 4, "tree": "nodes=4,depth=3,width=2,topk=2", "lookup": 4, "lookup_max": 16, "skip": 10, "skip_score": "block_influence",
             "prompts": 3, "prompt_tokens": 64, "new_tokens": 32, "prompt_corpus": "pydoc",
             **CALIB_DEFAULTS,
         }
@@ -82,9 +91,16 @@ class Speculative(Method):
         if draft not in DRAFTS:
             raise ConfigError(f"speculative.draft must be one of {', '.join(DRAFTS)}; got {draft!r}")
         k = 0 if auto else _int_k(p["k"])
-        info: dict[str, Any] = {"draft": draft}
+        # the default tree (EAGLE's) and lookup hold where k is not given: a k asks for a chain of k drafts, as before trees
+        chain = "k" in params
+        tree = _tree(params.get("tree", "none" if chain or draft != "eagle" else p["tree"]), draft)
+        lookup = _lookup(params.get("lookup", 0 if chain and draft != "lookup" else p["lookup"]), draft)
+        lookup_max = _lookup_max(p["lookup_max"], lookup)
+        info: dict[str, Any] = {"draft": draft, "tree": None if tree is None else str(p["tree"]), "lookup": lookup, "lookup_max": lookup_max}
         drafter: Drafter
-        if draft == "eagle":
+        if draft == "lookup":
+            drafter, auto, k = LookupOnly(), False, 1
+        elif draft == "eagle":
             loaded = load_draft(subject.model_name, subject.model)
             drafter = EagleDrafter(loaded)
             info["draft_steps"] = loaded.meta.get("steps")
@@ -92,6 +108,8 @@ class Speculative(Method):
             skipped = self._layers_to_skip(subject, p, ctx)
             drafter = LayerSkipDrafter(skipped)
             info["skipped_layers"] = skipped
+        if auto and tree is not None:  # a tree's size is its shape: no k to choose
+            auto, k = False, 1
         if auto:
             accepted = loaded.meta.get("heldout_accepted_len") if draft == "eagle" else None
             if not accepted:
@@ -104,7 +122,7 @@ class Speculative(Method):
                               "verify_ms": {str(t): round(v * 1e3, 2) for t, v in costs["verify_s"].items()},
                               "draft_step_ms": round(costs["draft_step_s"] * 1e3, 3), "draft_first_ms": round(costs["draft_first_s"] * 1e3, 3)}
         info["k"] = k
-        subject.generator = SpeculativeGenerator(drafter, k)
+        subject.generator = SpeculativeGenerator(drafter, k, tree, lookup=lookup, lookup_max=lookup_max)
         subject.info["speculative"] = {**info, "measure": {key: p[key] for key in ("prompts", "prompt_tokens", "new_tokens", "prompt_corpus")}}
         return subject
 
@@ -129,6 +147,32 @@ class Speculative(Method):
         n, length, new = (int(options.get(key, defaults[key])) for key in ("prompts", "prompt_tokens", "new_tokens"))
         prompts = prompt_set(subject.tokenizer, str(options.get("prompt_corpus", "pydoc")), "eval", n, length=length)
         return compare_with_greedy(subject, prompts, new)
+
+
+def _tree(value: Any, draft: str) -> TreeShape | None:
+    if value in (None, "none", ""):
+        return None
+    if draft != "eagle":
+        raise ConfigError(f"speculative.tree: a draft tree needs draft 'eagle' (got draft {draft!r}); set tree: none")
+    try:
+        return TreeShape.parse(str(value))
+    except ValueError as err:
+        raise ConfigError(f"speculative.tree: {err}; e.g. {TREES[1]!r}, or 'none' for a chain of k") from None
+
+
+def _lookup(value: Any, draft: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
+        raise ConfigError(f"speculative.lookup (prompt-lookup tokens a round adds) must be a whole number from 0 to 16, got {value!r}")
+    if draft == "lookup" and value == 0:
+        raise ConfigError("speculative.lookup must be >= 1 with draft 'lookup' (the lookup is the whole draft); e.g. lookup: 4")
+    return value
+
+
+def _lookup_max(value: Any, lookup: int) -> int:
+    """How far the lookup may grow on a streak of whole acceptances; 0 (or anything up to ``lookup``): it never grows."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+        raise ConfigError(f"speculative.lookup_max (the most lookup tokens a round may grow to) must be a whole number from 0 to 64, got {value!r}")
+    return max(value, lookup) if lookup else 0
 
 
 def _int_k(value: Any) -> int:

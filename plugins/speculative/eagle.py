@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import nullcontext
+from copy import deepcopy as copy_module
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
 from paretolab.kernels.dense_cpu import linear as kernel_linear
 from paretolab.plugins._layerwise import decoder_layers
+from paretolab.plugins.speculative.tree import DraftTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,10 @@ class EagleDrafter:
     the next call, which starts from the features of the newly verified positions.
     """
 
-    def __init__(self, loaded: LoadedDraft) -> None:
+    def __init__(self, loaded: LoadedDraft, *, bf16: bool | None = None) -> None:
         self.loaded = loaded
-        self.draft = loaded.draft.eval()
+        self.bf16 = _kernel_bf16(loaded.draft) if bf16 is None else bf16
+        self.draft = _bf16_linears(loaded.draft) if self.bf16 else loaded.draft.eval()
         self.feature_layers = loaded.draft.config.feature_layers
         self.modules = (self.draft,)
         self.embed: torch.Tensor | None = None
@@ -166,31 +171,101 @@ class EagleDrafter:
 
     def start(self, target: torch.nn.Module) -> None:
         self.embed = target.get_input_embeddings().weight
-        self.head = target.get_output_embeddings().weight[self.loaded.vocab]  # (V_d, D), frozen
+        head = target.get_output_embeddings().weight[self.loaded.vocab]  # (V_d, D), frozen
+        self.head = head.to(torch.bfloat16) if self.bf16 else head
         self.keys = self.values = None
         self.n_true = 0  # cache entries made from the target's own features
 
     @torch.no_grad()
     def propose(self, ids: list[int], features: torch.Tensor | None, k: int) -> list[int]:
+        with self._linears():
+            return self._chain(ids, features, k)
+
+    def _linears(self) -> Any:
+        """bf16 draft weights need the kernel (the generator has it on already; nothing to do then)."""
+        return fast_linears(self.draft) if self.bf16 else nullcontext()
+
+    def _chain(self, ids: list[int], features: torch.Tensor | None, k: int) -> list[int]:
+        draft, vocab = self.draft, self.loaded.vocab
+        hidden, normed, positions = self._absorb(ids, features)
+        out: list[int] = []
+        while True:
+            out.append(int(vocab[int(kernel_linear(normed[-1:], self.head).argmax())]))
+            if len(out) >= k:
+                return out
+            positions = positions[-1:] + 1
+            hidden, normed = self._attend(draft.inputs(self.embed[out[-1]].view(1, -1), hidden[-1:]), positions)
+
+    @torch.no_grad()
+    def propose_tree(self, ids: list[int], features: torch.Tensor | None, shape: TreeShape) -> DraftTree:
+        """A dynamic draft tree (EAGLE-2): expand the ``shape.width`` most probable nodes of each depth, keep the ``shape.nodes`` best.
+
+        A node's score is the sum of the draft's log-probabilities along its path. Every node at a
+        depth is run through the draft layer in one batch, each seeing the verified positions and
+        its own ancestors (their keys and values sit in the draft cache after the verified ones,
+        dropped at the next call like a chain's).
+        """
+        with self._linears():
+            return self._tree(ids, features, shape)
+
+    def _tree(self, ids: list[int], features: torch.Tensor | None, shape: TreeShape) -> DraftTree:
+        draft, vocab = self.draft, self.loaded.vocab
+        hidden, normed, positions = self._absorb(ids, features)
+        assert self.keys is not None and self.values is not None
+        last = int(positions[-1])
+        logp = torch.log_softmax(kernel_linear(normed[-1:], self.head).float(), dim=-1)
+        top = logp.topk(min(shape.topk, logp.shape[-1]), dim=-1)
+        tokens = [int(t) for t in vocab[top.indices[0]].tolist()]
+        parents, depth, scores = [-1] * len(tokens), [1] * len(tokens), top.values[0].tolist()
+        inputs = {i: hidden[-1:] for i in range(len(tokens))}  # the state each unexpanded node's draft step reads
+        ancestors: dict[int, list[int]] = {i: [] for i in range(len(tokens))}  # draft-cache rows of a node's ancestors
+        for d in range(1, shape.depth):
+            level = sorted((i for i in inputs if depth[i] == d), key=lambda i: -scores[i])[: shape.width]
+            if not level:
+                break
+            x = draft.inputs(self.embed[torch.tensor([tokens[i] for i in level], device=hidden.device)], torch.cat([inputs[i] for i in level]))
+            residual, q, k, v = draft.keys_values(x, torch.full((len(level),), last + d, device=hidden.device))
+            first_row = self.keys.shape[1]
+            self.keys, self.values = torch.cat([self.keys, k], dim=-2), torch.cat([self.values, v], dim=-2)
+            mask = torch.zeros((len(level), self.keys.shape[1]), dtype=torch.bool, device=hidden.device)
+            mask[:, : self.n_true] = True
+            for row, i in enumerate(level):
+                mask[row, ancestors[i]] = True
+                mask[row, first_row + row] = True
+            out, normed = draft.finish(residual, q, self.keys, self.values, mask)
+            logp = torch.log_softmax(kernel_linear(normed, self.head).float(), dim=-1)
+            top = logp.topk(min(shape.topk, logp.shape[-1]), dim=-1)
+            children = vocab[top.indices].tolist()
+            for row, i in enumerate(level):
+                for token, score in zip(children[row], top.values[row].tolist(), strict=True):
+                    child = len(tokens)
+                    tokens.append(int(token))
+                    parents.append(i)
+                    depth.append(d + 1)
+                    scores.append(scores[i] + score)
+                    inputs[child] = out[row : row + 1]
+                    ancestors[child] = [*ancestors[i], first_row + row]
+            for i in level:
+                del inputs[i]
+        best = sorted(range(len(tokens)), key=lambda i: (-scores[i], depth[i]))[: shape.nodes]
+        kept = sorted(best, key=lambda i: (depth[i], i))  # parents (shallower, and more probable) first
+        new_index = {old: new for new, old in enumerate(kept)}
+        return DraftTree([tokens[i] for i in kept], [new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept])
+
+    def _absorb(self, ids: list[int], features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the newly verified positions through the draft (their entries stay cached): (hidden, normed, positions) of them."""
         assert self.embed is not None and self.head is not None, "start() must be called before propose()"
         if features is None or features.shape[0] == 0:
             raise ValueError("the EAGLE drafter needs the target's features of the newly verified positions")
-        draft, vocab = self.draft, self.loaded.vocab
         if self.keys is not None:
             self.keys, self.values = self.keys[:, : self.n_true], self.values[:, : self.n_true]
         start = self.n_true
         positions = torch.arange(start, start + features.shape[0], device=features.device)
         tokens = torch.tensor(ids[start + 1 : start + 1 + features.shape[0]], device=features.device)
-        x = draft.inputs(self.embed[tokens], draft.fc(features.to(self.embed.dtype)))
+        x = self.draft.inputs(self.embed[tokens], self.draft.fc(features.to(self.embed.dtype)))
         self.n_true += features.shape[0]
-        out: list[int] = []
-        while True:
-            hidden, normed = self._attend(x, positions)
-            out.append(int(vocab[int(kernel_linear(normed[-1:], self.head).argmax())]))
-            if len(out) >= k:
-                return out
-            positions = positions[-1:] + 1
-            x = draft.inputs(self.embed[out[-1]].view(1, -1), hidden[-1:])
+        hidden, normed = self._attend(x, positions)
+        return hidden, normed, positions
 
     def _attend(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         residual, q, k, v = self.draft.keys_values(x, positions)
@@ -200,6 +275,27 @@ class EagleDrafter:
         # one query row (every draft step after the first) sees every key: no mask to build
         mask = None if t == 1 else torch.arange(total, device=x.device)[None, :] <= torch.arange(total - t, total, device=x.device)[:, None]
         return self.draft.finish(residual, q, self.keys, self.values, mask)
+
+
+def _kernel_bf16(draft: EagleDraft) -> bool:
+    """Whether the draft's products run through the dense CPU kernel, which reads bf16 weights at half the bytes (the default there)."""
+    weight = draft.fc.weight
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and dense_cpu_kernel() is not None
+
+
+def _bf16_linears(draft: EagleDraft) -> EagleDraft:
+    """An inference copy of ``draft`` whose linear weights are bf16 (norms stay fp32; the sums stay fp32 in the kernel).
+
+    A draft step reads every draft weight (~32 MB fp32 with its head), and between two rounds the
+    target's own weights push them out of the caches: in bf16 the draft's proposals cost about
+    half the memory traffic. They may differ from the fp32 draft's in a near tie; what is output
+    never does, since the target verifies every proposal.
+    """
+    copy = copy_module(draft).eval()
+    for module in copy.modules():
+        if isinstance(module, nn.Linear):
+            module.weight.data = module.weight.data.to(torch.bfloat16)
+    return copy
 
 
 def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from paretolab.generation import Generation, forward_with_cache
+from paretolab.generation.lean import LeanCache, lean_forward
 from paretolab.kernels.dense_cpu import fast_linears
 from paretolab.plugins._layerwise import decoder_layers
+from paretolab.plugins.speculative.lookup import NgramLookup
+from paretolab.plugins.speculative.tree import DraftTree, TreeShape, accept, block_layout
 
 if TYPE_CHECKING:
     from paretolab.plugin_api.context import TrialContext
@@ -82,17 +85,32 @@ class TargetFeatures:
 
 
 class SpeculativeGenerator:
-    """Draft ``k`` tokens, verify them in one target forward, keep the longest greedy-matching prefix.
+    """Draft ``k`` tokens (or a token tree), verify them in one target forward, keep the longest greedy-matching path.
 
     Prompts are decoded one at a time (batch 1). ``stats`` reports ``mean_accepted_len``: the
     mean number of tokens each verification forward emits (accepted drafts plus the target's own
     token; 1.0 means no draft was ever accepted, k + 1 is the ceiling).
+
+    ``tree``: a drafter with ``propose_tree`` (EAGLE) drafts a tree of that shape instead of a
+    chain of k, verified in one forward with a tree attention mask; that needs the lean forward
+    (:func:`~paretolab.generation.lean.lean_supported`), and a model without it falls back to the chain.
+    ``lookup``: up to that many prompt-lookup tokens join the drafts as one more branch (also a
+    tree, so also lean-only). ``lookup_max`` > ``lookup``: while a round accepts the lookup's whole
+    chain, the next round looks twice as far ahead (up to ``lookup_max``) and skips the draft model
+    (the text is repeating itself; transformers' assisted generation grows its draft length on
+    full acceptance the same way); the first miss goes back to ``lookup`` and the model.
     """
 
-    def __init__(self, drafter: Drafter, k: int) -> None:
+    def __init__(self, drafter: Drafter, k: int, tree: TreeShape | None = None, lookup: int = 0, lookup_max: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"speculative decoding needs k >= 1 draft tokens, got k={k}")
-        self.drafter, self.k = drafter, k
+        if lookup < 0:
+            raise ValueError(f"lookup (prompt-lookup tokens added to each draft tree) must be >= 0, got {lookup}")
+        if lookup_max is not None and lookup_max < lookup:
+            raise ValueError(f"lookup_max must be >= lookup ({lookup}), got {lookup_max}")
+        self.drafter, self.k, self.tree, self.lookup = drafter, k, tree, lookup
+        self.lookup_max = lookup if lookup_max is None else lookup_max
+        self.ngrams = NgramLookup()
 
     def generate(
         self,
@@ -110,6 +128,24 @@ class SpeculativeGenerator:
         total.stats = {"mean_accepted_len": total.stats["emitted"] / rounds if rounds else 1.0, "draft_tokens": total.stats["drafted"]}
         return total
 
+    def _draft(self, ids: list[int], features: torch.Tensor | None, room: int, tree: bool, lookup: int,
+               streak: bool) -> tuple[DraftTree, list[int]]:
+        """(this round's drafts, the prompt-lookup chain among them): a chain, or a tree no deeper than ``room``.
+
+        On a lookup ``streak`` (its whole chain was accepted last round) the lookup's chain alone is
+        verified: the draft model is not run that round.
+        """
+        if room < 1:
+            return DraftTree(), []
+        chain = self.ngrams.propose(ids, min(lookup, room)) if tree and lookup else []
+        if chain and streak:
+            return DraftTree.chain(chain), chain
+        if tree and self.tree is not None and hasattr(self.drafter, "propose_tree"):
+            drafts = self.drafter.propose_tree(ids, features, self.tree).limit_depth(room)  # type: ignore[attr-defined]
+        else:
+            drafts = DraftTree.chain(self.drafter.propose(ids, features, min(self.k, room)))
+        return drafts.with_chain(chain), chain
+
     @torch.no_grad()
     def _one(self, model: torch.nn.Module, prompt: list[int], max_new: int, stop: set[int]) -> Generation:
         """One prompt; stats hold the counts (rounds, emitted, drafted) that :meth:`generate` turns into ratios."""
@@ -119,30 +155,42 @@ class SpeculativeGenerator:
             start = time.perf_counter()
             logits, cache = forward_with_cache(model, torch.tensor([prompt], device=device), last_only=True)
             ids = [*prompt, int(logits[0, -1].argmax())]
-            features = watch.last()
+            features = watch.last()  # target features of the positions the drafter has not been given yet
             prefill_s = time.perf_counter() - start
             self.drafter.start(model)
+            self.ngrams.reset()
+            tree = isinstance(cache, LeanCache) and (hasattr(self.drafter, "propose_tree") or self.lookup > 0)
+            lookup, streak = self.lookup, False
             # Invariant: the target's cache holds every position but the last token of `ids`.
             while len(ids) - len(prompt) < max_new and ids[-1] not in stop:
-                room = max_new - (len(ids) - len(prompt))
-                draft = self.drafter.propose(ids, features, min(self.k, room - 1)) if room > 1 else []
-                block = torch.tensor([[ids[-1], *draft]], device=device)
-                logits, cache = forward_with_cache(model, block, cache)
-                target = logits[0].argmax(-1).tolist()  # target[i]: greedy token after block[: i + 1]
-                n = 0
-                while n < len(draft) and draft[n] == target[n]:
-                    n += 1
-                accepted = [*draft[:n], target[n]]
-                crop_cache(cache, len(ids) + n)
+                draft, chain = self._draft(ids, features, max_new - (len(ids) - len(prompt)) - 1, tree, lookup, streak)
+                given = not (chain and streak)  # the drafter saw this round's features
+                block, parents = draft.block(ids[-1])
+                base = len(ids) - 1
+                if draft.is_chain():
+                    logits, cache = forward_with_cache(model, torch.tensor([block], device=device), cache)
+                else:
+                    depth, mask = block_layout(parents, device)
+                    logits, cache = lean_forward(model, torch.tensor([block], device=device), cache, positions=base + depth, block_mask=mask)
+                path, bonus = accept(block, parents, logits[0].argmax(-1).tolist())
+                if path == list(range(len(path))):
+                    crop_cache(cache, base + len(path))
+                else:
+                    cache.keep(base, path)
+                accepted = [*(block[i] for i in path[1:]), bonus]
+                if self.lookup_max > self.lookup:  # a lookup chain accepted whole: the text repeats, look further ahead
+                    streak = bool(chain) and accepted[: len(chain)] == chain
+                    lookup = min(2 * lookup, self.lookup_max) if streak else self.lookup
                 feats = watch.last()
-                features = feats[: n + 1] if feats is not None else None
+                if feats is not None:
+                    features = feats[path] if given or features is None else torch.cat([features, feats[path]])
                 stopped = next((i for i, token in enumerate(accepted) if token in stop), None)
                 if stopped is not None:  # what follows the stop token is never output, so it is not accepted
                     accepted = accepted[: stopped + 1]
                 ids.extend(accepted)
                 run["rounds"] += 1
                 run["emitted"] += len(accepted)
-                run["drafted"] += len(draft)
+                run["drafted"] += len(draft.tokens)
                 if stopped is not None:
                     break
             decode_s = time.perf_counter() - start - prefill_s

@@ -18,6 +18,7 @@ from paretolab.plugins.speculative.eagle import (
 )
 from paretolab.plugins.speculative.generator import SpeculativeGenerator
 from paretolab.plugins.speculative.self_draft import LayerSkipDrafter
+from paretolab.plugins.speculative.tree import TreeShape
 from paretolab.plugins.speculative.train import (
     TrainOptions,
     draft_path,
@@ -135,7 +136,7 @@ def test_training_rollout_sees_what_the_inference_chain_sees():
     length, steps = 6, 3
     emb, g = torch.randn(length, 32), torch.randn(length, 32)
     rollout = ttt_forward(draft, emb[None], g[None], steps)
-    drafter = EagleDrafter(LoadedDraft(draft, torch.arange(4), {}))
+    drafter = EagleDrafter(LoadedDraft(draft, torch.arange(4), {}), bf16=False)  # the fp32 draft that was trained
     for step in range(steps):
         for t in range(step, length):
             drafter.keys = drafter.values = None
@@ -245,14 +246,17 @@ def test_smollm2_speculative_output_is_greedy_token_for_token():
     cases = [(text[0][:16], 30), (text[1][:48], 20), (text[2], 12)]
     torch.manual_seed(0)
     untrained = EagleDraft(EagleConfig.for_target(subject.model))
-    drafters = [
-        (LayerSkipDrafter(skip=range(8, 20)), 3),
-        (EagleDrafter(LoadedDraft(untrained, torch.arange(4096), {})), 4),
+    loaded = LoadedDraft(untrained, torch.arange(4096), {})
+    generators = [
+        SpeculativeGenerator(LayerSkipDrafter(skip=range(8, 20)), 3),
+        SpeculativeGenerator(EagleDrafter(loaded), 4),
+        SpeculativeGenerator(EagleDrafter(loaded), 1, TreeShape(6, 4, 2, 3), lookup=4),  # a draft tree with a lookup branch
+        SpeculativeGenerator(LayerSkipDrafter(skip=range(8, 20)), 2, lookup=3),  # a chain drafter with a lookup branch: a tree
     ]
     for prompt, n in cases:
         reference = generate(subject, [prompt], max_new_tokens=n).sequences
-        for drafter, k in drafters:
-            assert SpeculativeGenerator(drafter, k).generate(subject, [prompt], max_new_tokens=n).sequences == reference
+        for generator in generators:
+            assert generator.generate(subject, [prompt], max_new_tokens=n).sequences == reference
 
 
 def test_copying_a_subject_does_not_copy_the_target_through_its_generator(tiny, tmp_path):
