@@ -72,7 +72,7 @@ class Speculative(Method):
         return {
             "draft": CategoricalDistribution(list(DRAFTS)),
             "k": CategoricalDistribution([*range(1, 9), "auto"]),  # auto: by the draft's measured acceptance and this machine's costs
-            "tree": CategoricalDistribution(list(TREES)),  # EAGLE only; "none": a chain of k
+            "tree": CategoricalDistribution(list(TREES)),  # EAGLE only (other drafts ignore it); "none": a chain of k
             "lookup": CategoricalDistribution([0, 2, 4, 6]),
             "lookup_max": CategoricalDistribution([0, 8, 16]),  # 0: the lookup never grows
             "skip": IntDistribution(1, 24),
@@ -150,10 +150,8 @@ class Speculative(Method):
 
 
 def _tree(value: Any, draft: str) -> TreeShape | None:
-    if value in (None, "none", ""):
+    if value in (None, "none", "") or draft != "eagle":  # only the EAGLE draft proposes trees: a search may pair tree with any draft
         return None
-    if draft != "eagle":
-        raise ConfigError(f"speculative.tree: a draft tree needs draft 'eagle' (got draft {draft!r}); set tree: none")
     try:
         return TreeShape.parse(str(value))
     except ValueError as err:

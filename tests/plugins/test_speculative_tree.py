@@ -162,8 +162,10 @@ def test_method_takes_tree_and_lookup_and_names_bad_values(tiny, tmp_path):
     subject = method.transform(tiny, {"draft": "lookup", "lookup": 3, "prompts": 2, "new_tokens": 12}, ctx)
     assert subject.info["speculative"]["lookup"] == 3 and subject.info["speculative"]["tree"] is None
     assert method.measure(subject, ctx)["spec_matches_greedy"] == 1.0
-    for params, field in [({"draft": "eagle", "tree": "nodes=0"}, "speculative.tree"), ({"draft": "self", "tree": "nodes=4"}, "speculative.tree"),
-                          ({"draft": "self", "lookup": -1}, "speculative.lookup"), ({"draft": "lookup", "lookup": 0}, "speculative.lookup")]:
+    subject = method.transform(tiny, {"draft": "self", "skip": 1, "tree": "nodes=4", "lookup": 2}, ctx)
+    assert subject.info["speculative"]["tree"] is None and subject.generator.tree is None  # only EAGLE drafts trees; a search may pair them
+    for params, field in [({"draft": "eagle", "tree": "nodes=0"}, "speculative.tree"), ({"draft": "self", "lookup": -1}, "speculative.lookup"),
+                          ({"draft": "lookup", "lookup": 0}, "speculative.lookup"), ({"draft": "self", "lookup_max": -2}, "speculative.lookup_max")]:
         with pytest.raises(ConfigError, match=field):
             method.transform(tiny, params, ctx)
 
