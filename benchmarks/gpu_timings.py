@@ -89,7 +89,8 @@ def token_sparse_prefill(device: torch.device, sizes: dict[str, Any]) -> list[di
 
 
 def speculative(device: torch.device, sizes: dict[str, Any]) -> dict[str, Any]:
-    """Self-speculative (layer-skip draft, k=4) vs greedy decoding tok/s on the same held-out prompts, interleaved."""
+    """Self-speculative (layer-skip draft, k=4) and prompt lookup (4, growing to 16; a tree verify through the lean forward)
+    vs greedy decoding tok/s on the same held-out prompts, interleaved."""
     from paretolab.models import load_subject
     from paretolab.plugin_api.context import TrialContext
     from paretolab.plugins.speculative import Speculative, compare_with_greedy
@@ -99,7 +100,9 @@ def speculative(device: torch.device, sizes: dict[str, Any]) -> dict[str, Any]:
     params = {"draft": "self", "k": 4, "skip": max(1, subject.model.config.num_hidden_layers // 3), "calib_samples": 4, "calib_seq_len": 128}
     subject = Speculative().transform(subject, params, TrialContext(seed=0, workdir=Path("."), device=device))
     prompts = heldout_prompts(subject.tokenizer, n=sizes["spec_prompts"], length=64)
-    return {**compare_with_greedy(subject, prompts, sizes["spec_new_tokens"]), "draft": "self", "k": 4, "skip": params["skip"]}
+    result = {**compare_with_greedy(subject, prompts, sizes["spec_new_tokens"]), "draft": "self", "k": 4, "skip": params["skip"]}
+    lookup = Speculative().transform(subject, {"draft": "lookup", "lookup": 4, "lookup_max": 16}, TrialContext(seed=0, workdir=Path("."), device=device))
+    return {**result, "lookup": compare_with_greedy(lookup, prompts, sizes["spec_new_tokens"]) | {"lookup": 4, "lookup_max": 16}}
 
 
 def pytest_summary(junit: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def test_gpu_check_dry_run_collects_the_gpu_tests_and_runs_every_timing(tmp_path
     assert {r["sparsity"] for r in report["macko_spmv_vs_dense"]} == {0.5, 0.9}
     assert report["token_sparse_vs_dense_prefill"][0]["dense_ms"] > 0
     assert report["speculative_vs_greedy"]["spec_matches_greedy"] == 1.0
+    assert report["speculative_vs_greedy"]["lookup"]["spec_matches_greedy"] == 1.0  # prompt lookup through the tree verify
 
 
 def test_gpu_check_refuses_unknown_arguments() -> None:
