@@ -137,6 +137,8 @@ class BatchDecoder:
         """Start a batch from ``prompts`` (left-padded); returns last-position logits (B, V)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
+        if self.single and len(prompts) != 1:
+            raise ConfigError(f"BatchDecoder(single=True) decodes one prompt, got {len(prompts)}; make it without single for a batch")
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=self.device)
         self.mask = torch.zeros_like(ids)
@@ -163,7 +165,7 @@ class BatchDecoder:
         return logits
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.single and self.rows == 1:
+        if self.single:
             logits, self.cache = forward_with_cache(self.model, ids, self.cache, last_only=True)
             return logits[:, -1].float()
         k = ids.shape[1]

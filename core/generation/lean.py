@@ -132,7 +132,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LeanCache, index: int,
-               block_mask: torch.Tensor | None) -> torch.Tensor:
+               mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """transformers' LlamaAttention.forward for batch 1 with a LeanCache (same projections, rotary and sdpa arithmetic)."""
     tokens, head_dim = x.shape[1], attn.head_dim
     q = attn.q_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
@@ -140,14 +140,8 @@ def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     v = attn.v_proj(x).view(1, tokens, -1, head_dim).transpose(1, 2)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
-    past = cache.length
     keys, values = cache.append(index, k, v)
-    mask = None
-    if block_mask is not None:  # a tree: row i sees the past and the block rows block_mask[i] names
-        mask = torch.cat([block_mask.new_ones((tokens, past)), block_mask], dim=1)
-    elif tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
-        mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=x.device).tril(past)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=tokens > 1 and past == 0 and mask is None,
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                          scale=attn.scaling, enable_gqa=q.shape[1] != keys.shape[1])
     return attn.o_proj(out.transpose(1, 2).reshape(1, tokens, -1))
 
@@ -187,9 +181,15 @@ def lean_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: LeanCac
         positions = torch.arange(cache.length, cache.length + tokens, device=input_ids.device)
     cos, sin = inner.rotary_emb(hidden, positions.unsqueeze(0))
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    past, mask = cache.length, None  # one mask for every layer
+    if block_mask is not None:  # a tree: row i sees the past and the block rows block_mask[i] names
+        mask = torch.cat([block_mask.new_ones((tokens, past)), block_mask], dim=1)
+    elif tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
+        mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=input_ids.device).tril(past)
+    causal = tokens > 1 and past == 0 and mask is None  # a fresh prefill
     for index, layer in enumerate(layers):
         layer_in = hidden
-        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index, block_mask)
+        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index, mask, causal)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         if layer._forward_hooks:
             hidden = _call_hooks(layer, layer_in, hidden)

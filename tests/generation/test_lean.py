@@ -118,3 +118,33 @@ def test_lean_forward_refuses_a_batch(tiny):
 
     with pytest.raises(ValueError, match=r"input_ids must be \(1, T\)"):
         lean_forward(tiny.model, torch.tensor([[1, 2], [3, 4]]))
+
+
+def test_a_single_row_decoder_takes_the_lean_forward_and_refuses_a_batch(tiny):
+    from paretolab.errors import ConfigError
+    from paretolab.generation.decoding import BatchDecoder
+
+    single, batched = BatchDecoder(tiny.model, single=True), BatchDecoder(tiny.model)
+    torch.testing.assert_close(single.prefill([[5, 9, 2, 7]]), batched.prefill([[5, 9, 2, 7]]), rtol=0, atol=1e-5)
+    assert isinstance(single.cache, LeanCache) and not isinstance(batched.cache, LeanCache)
+    torch.testing.assert_close(single.extend(torch.tensor([3])), batched.extend(torch.tensor([3])), rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError, match="single"):
+        BatchDecoder(tiny.model, single=True).prefill([[1, 2], [3, 4]])
+    with pytest.raises(ConfigError, match="single"):
+        single.repeat(2)
+
+
+def test_the_default_loop_at_batch_1_takes_the_lean_forward(tiny, monkeypatch):
+    """generate() without a generator (the baseline every speed-up is measured against) is the lean loop for one prompt."""
+    import paretolab.generation.decoding as decoding
+
+    calls = []
+    real = decoding.lean_forward
+    monkeypatch.setattr(decoding, "lean_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with lean_decoding(False):
+        ref = generate(tiny, [[5, 9, 2, 7]], max_new_tokens=10).sequences
+    assert not calls
+    assert generate(tiny, [[5, 9, 2, 7]], max_new_tokens=10).sequences == ref
+    assert len(calls) == 10  # the prefill and 9 steps
+    generate(tiny, [[5, 9, 2, 7], [1, 2]], max_new_tokens=10)  # a padded batch keeps transformers' forward
+    assert len(calls) == 10
