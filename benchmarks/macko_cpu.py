@@ -22,7 +22,9 @@ stays dense fp32: the method leaves it alone); where the dense CPU kernel is bui
 (``paretolab.kernels.dense_cpu``) also ``dense_fp32_kernel`` (the dense model's linears through it:
 each weight read once at memory speed, the strongest dense baseline here) and
 ``dense_bf16_kernel`` (every linear's weight in bf16, activations fp32, through it: dense bf16 at
-half fp32's bytes) and ``macko_kernel_head`` (macko with its dense LM head through it). ``faster_dense`` is the fastest
+half fp32's bytes), ``macko_kernel_head`` (macko with its dense fp32 LM head through it) and
+``macko_bf16_head`` (macko with its LM head in bf16 through it: the like-for-like partner of
+``dense_bf16_kernel``, whose LM head is bf16 too; the method itself leaves the head in fp32). ``faster_dense`` is the fastest
 dense contender, ``faster_macko_over_faster_dense`` the best macko against it. Each round times a run of ``--new-tokens`` and a
 run of 1 token (prompt and first token); their difference over ``new_tokens - 1`` is the time
 of one decoding step (``*_decode_tok_s``; end to end, prompt included, beside it). Rounds
@@ -166,8 +168,10 @@ def decode_cells(model_name: str, sparsity: float, new_tokens: int, rounds: int)
             outs[name] = greedy_decode(m, prompt, new_tokens)
         kernels = {}
         if dense_cpu_kernel():  # the same weights, linears through the dense CPU kernel (macko: its dense fp32 LM head)
+            head16 = load_subject(model_name)
+            Macko().transform(head16, {"sparsity": sparsity, "score": "magnitude"}, TrialContext(seed=0, workdir=Path(tempfile.mkdtemp())))
             kernels = {"dense_fp32_kernel": models["dense_fp32"], "dense_bf16_kernel": bf16_weights(load_subject(model_name).model).eval(),
-                       "macko_kernel_head": models["macko"]}
+                       "macko_kernel_head": models["macko"], "macko_bf16_head": bf16_weights(head16.model).eval()}
             for name, m in kernels.items():
                 with fast_linears(m):
                     outs[name] = greedy_decode(m, prompt, new_tokens)
@@ -198,7 +202,8 @@ def decode_cells(model_name: str, sparsity: float, new_tokens: int, rounds: int)
         "faster_macko": fastest_macko, "faster_macko_over_faster_dense": ratio(step, faster, fastest_macko),
         "macko_tokens_equal_fp32": bool(torch.equal(outs["macko"], outs["dense_fp32"])),
         **({"dense_kernel_tokens_equal_fp32": bool(torch.equal(outs["dense_fp32_kernel"], outs["dense_fp32"])),
-            "dense_bf16_kernel_tokens_equal_fp32": bool(torch.equal(outs["dense_bf16_kernel"], outs["dense_fp32"]))} if kernels else {}),
+            "dense_bf16_kernel_tokens_equal_fp32": bool(torch.equal(outs["dense_bf16_kernel"], outs["dense_fp32"])),
+            "macko_bf16_head_tokens_equal_macko": bool(torch.equal(outs["macko_bf16_head"], outs["macko"]))} if kernels else {}),
     }
     print(json.dumps(result, indent=1), flush=True)
     return result

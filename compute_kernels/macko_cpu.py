@@ -13,6 +13,8 @@ fp32 matmul, the same numbers up to summation order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from paretolab.kernels.cpu_ext import extension, path_cap
@@ -38,7 +40,9 @@ def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = N
         return (macko_decode(fmt).float() @ x.float().unsqueeze(-1)).squeeze(-1).to(x.dtype)
     cap = path_cap(ext, path)
     values, deltas, row_ptr = fmt.values, fmt.deltas, fmt.row_ptr
-    _check(values, deltas, row_ptr, fmt.shape, x)
+    _check(values, deltas, row_ptr, fmt.shape)
+    if x.device.type != "cpu":
+        raise ValueError(f"macko_spmv_cpu runs on the CPU; got x on {x.device} (move it with .to('cpu'))")
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
     batch = xf.numel() // cols if cols else x.shape[:-1].numel()
     y = torch.empty(*x.shape[:-1], rows, dtype=torch.float32)
@@ -52,14 +56,41 @@ def macko_spmv_cpu(fmt: MackoMatrix, x: torch.Tensor, *, threads: int | None = N
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def _check(values: torch.Tensor, deltas: torch.Tensor, row_ptr: torch.Tensor, shape: tuple[int, int], x: torch.Tensor) -> None:
+def spmv_runner(fmt: MackoMatrix) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``x -> M @ x`` by the C kernel with the format checked once, for a decoder that calls it each token; None without the kernel.
+
+    The runner takes fp32, contiguous CPU ``x`` of shape (..., cols) and checks nothing else (the
+    caller does: ``MackoLinear`` falls back to ``macko_spmv_cpu`` for anything else); the same
+    kernel call as ``macko_spmv_cpu`` at torch's thread count, so the same bits. It holds the
+    format's buffers: a module that replaces them needs a new runner.
+    """
+    ext = extension(NAME)
+    if ext is None:
+        return None
+    values, deltas, row_ptr = fmt.values, fmt.deltas, fmt.row_ptr
+    _check(values, deltas, row_ptr, fmt.shape)
+    rows, cols = fmt.shape
+    n, bf16, cap = values.numel(), values.dtype == torch.bfloat16, path_cap(ext, None)
+    args = (values.data_ptr(), deltas.data_ptr(), row_ptr.data_ptr(), rows, cols, n, bf16)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        batch = x.numel() // cols if cols else x.shape[:-1].numel()
+        y = torch.empty(*x.shape[:-1], rows, dtype=torch.float32)
+        ext.spmv(*args, x.data_ptr(), cols, batch, y.data_ptr(), torch.get_num_threads() if n * batch >= PARALLEL_MIN else 1, cap)
+        return y
+
+    run.buffers = (values, deltas, row_ptr)  # type: ignore[attr-defined]  # kept alive with the addresses it holds
+    return run
+
+
+def _check(values: torch.Tensor, deltas: torch.Tensor, row_ptr: torch.Tensor, shape: tuple[int, int]) -> None:
     """What the C kernel trusts: CPU, contiguous buffers of the format's dtypes and lengths (the data is checked in C)."""
-    if (values.dtype in VALUE_DTYPES and deltas.dtype == torch.uint8 and row_ptr.dtype == torch.int32 and not values.is_cuda
-            and x.device.type == "cpu" and values.device.type == "cpu" and values.is_contiguous() and deltas.is_contiguous()
+    if (values.dtype in VALUE_DTYPES and deltas.dtype == torch.uint8 and row_ptr.dtype == torch.int32 and values.device.type == "cpu"
+            and deltas.device.type == "cpu" and row_ptr.device.type == "cpu" and values.is_contiguous() and deltas.is_contiguous()
             and row_ptr.is_contiguous() and values.numel() == 2 * deltas.numel() and row_ptr.numel() == shape[0] + 1):
         return
-    if values.device.type != "cpu" or x.device.type != "cpu":
-        raise ValueError(f"macko_spmv_cpu runs on the CPU; got the format on {values.device} and x on {x.device} (move both with .to('cpu'))")
+    if values.device.type != "cpu" or deltas.device.type != "cpu" or row_ptr.device.type != "cpu":
+        raise ValueError(f"macko_spmv_cpu runs on the CPU; got the format on {values.device} (move it with .to('cpu'))")
     if values.dtype not in VALUE_DTYPES or deltas.dtype != torch.uint8 or row_ptr.dtype != torch.int32:
         raise ValueError(f"MACKO buffers must be values {VALUE_DTYPES}, deltas uint8, row_ptr int32; got {values.dtype}, {deltas.dtype}, {row_ptr.dtype}")
     if not (values.is_contiguous() and deltas.is_contiguous() and row_ptr.is_contiguous()):

@@ -32,7 +32,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from paretolab import Method, Metric, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_decode, macko_encode
-from paretolab.kernels.macko_cpu import macko_spmv_cpu
+from paretolab.kernels.cpu_ext import enabled as cpu_kernels_enabled
+from paretolab.kernels.macko_cpu import macko_spmv_cpu, spmv_runner
 from paretolab.plugin_api.subject import Subject
 from paretolab.plugins.baselines import linear_weights, magnitude_mask
 from paretolab.plugins.wanda import activation_norms, check_sparsity, wanda_mask
@@ -79,6 +80,12 @@ class MackoLinear(torch.nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in_features)
+        if (x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() <= CPU_KERNEL_MAX_TOKENS * self.in_features
+                and x.is_contiguous() and not (x.requires_grad and torch.is_grad_enabled())):
+            run = self._cpu_runner()
+            if run is not None:  # decoding: the C SpMV with the format checked once (~200 calls a token)
+                y = run(x)
+                return y if self.bias is None else y + self.bias
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if x.is_cuda and x.numel() == self.in_features and _triton_kernel() is not None:
             y = _triton_kernel()(self.fmt, x.reshape(self.in_features)).reshape(*x.shape[:-1], self.out_features)
@@ -88,6 +95,24 @@ class MackoLinear(torch.nn.Module):
             return y if bias is None else y + bias
         weight = macko_decode(self.fmt).to(x.dtype)  # (out, in), freed after this call
         return F.linear(x, weight, bias)
+
+    def _cpu_runner(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The C SpMV for this layer's current buffers (built once, again after ``.to()`` or a swap), or None (kernel off)."""
+        if not cpu_kernels_enabled():
+            return None
+        buffers = self._buffers
+        values, deltas, row_ptr = buffers["values"], buffers["deltas"], buffers["row_ptr"]
+        run = self.__dict__.get("_cpu_run")
+        if run is None or run.buffers[0] is not values or run.buffers[1] is not deltas or run.buffers[2] is not row_ptr:
+            if values.device.type != "cpu" or (self.bias is not None and self.bias.dtype != torch.float32):
+                return None
+            run = self.__dict__["_cpu_run"] = spmv_runner(self.fmt)
+        return run
+
+    def __getstate__(self) -> dict[str, Any]:  # pickling and deepcopy: the runner (a closure over addresses) is rebuilt on use
+        state = self.__dict__.copy()
+        state.pop("_cpu_run", None)
+        return state
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, stored_bytes={self.nbytes}"

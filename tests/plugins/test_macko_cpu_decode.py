@@ -69,3 +69,40 @@ def test_gradients_still_flow_through_a_macko_layer(tiny: Subject, ctx: TrialCon
     layer(x).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
     assert kernel_calls == []
+
+
+def test_a_layer_checks_its_format_once_then_follows_new_buffers(monkeypatch: pytest.MonkeyPatch, kernel_calls: list[int]) -> None:
+    import paretolab.plugins.macko as macko_plugin
+    from paretolab.kernels.macko_cpu import macko_spmv_cpu
+    from paretolab.plugins.macko import MackoLinear
+
+    built: list[int] = []
+    real_runner = macko_plugin.spmv_runner
+    monkeypatch.setattr(macko_plugin, "spmv_runner", lambda fmt: built.append(1) or real_runner(fmt))
+    torch.manual_seed(0)
+    layer = MackoLinear.from_linear(torch.nn.Linear(40, 24))
+    x = torch.randn(1, 1, 40)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(layer(x), macko_spmv_cpu(layer.fmt, x) + layer.bias)  # the same kernel call, the same bits
+        assert built == [1] and len(kernel_calls) == 6  # checked once; every call ran the C kernel
+        other = MackoLinear.from_linear(torch.nn.Linear(40, 24))  # new buffers swapped in: a stale runner would read the old ones
+        layer.values, layer.deltas, layer.row_ptr = other.values, other.deltas, other.row_ptr
+        assert torch.equal(layer(x), macko_spmv_cpu(other.fmt, x) + layer.bias)
+        assert built == [1, 1]
+
+
+def test_a_used_layer_still_copies_and_pickles() -> None:
+    import copy
+    import pickle
+
+    from paretolab.plugins.macko import MackoLinear
+
+    layer = MackoLinear.from_linear(torch.nn.Linear(40, 24))
+    x = torch.randn(2, 40)
+    with torch.no_grad():
+        y = layer(x)
+        for twin in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            assert torch.equal(twin(x), y)
+            twin.values.zero_()  # the copy owns its buffers: its runner reads them, not the original's
+            assert torch.equal(twin(x), twin.bias.expand(2, 24)) and torch.equal(layer(x), y)
