@@ -148,7 +148,7 @@ AVX512 static inline __attribute__((always_inline)) int64_t step(const float *co
     if (next >= cols) return -2; /* the deltas do not belong to this shape */
     /* offsets from col + 1: lo - 1 and hi + half - 1 per byte, all < span <= 256 */
     __m512i rel = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)(hi + (uint64_t)(half - 1) * ONES), (long long)(lo - ONES)));
-    for (int b = 0; b < nb; b++) {
+    _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) {
         const float *w = xs[b] + col + 1;
         __m512 xv = span <= 64 ? x_window(w, rel, 2) : _mm512_i32gather_ps(rel, w, 4);
         if (!full) xv = _mm512_maskz_mov_ps((__mmask16)((1u << n) - 1), xv); /* absent lanes: 0, also where x is inf */
@@ -173,7 +173,7 @@ AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p
     const float *xs[MAX_BATCH];
     __m512 acc[MAX_BATCH];
     float first[MAX_BATCH] = {0};
-    for (int b = 0; b < nb; b++) { xs[b] = p->x + (b0 + b) * p->x_stride; acc[b] = _mm512_setzero_ps(); }
+    _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) { xs[b] = p->x + (b0 + b) * p->x_stride; acc[b] = _mm512_setzero_ps(); }
     const uint16_t *values = p->values;
     const uint8_t *deltas = p->deltas;
     const int64_t cols = p->cols;
@@ -182,7 +182,7 @@ AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p
         col = deltas[i >> 1] >> 4;
         if (col >= cols) return 1;
         float v = bf16 ? bf16_to_float(values[i]) : half_to_float(values[i]);
-        for (int b = 0; b < nb; b++) first[b] = v * xs[b][col];
+        _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) first[b] = v * xs[b][col];
         i++;
     }
     for (; e - i >= 16 && col >= -1; i += 16) {
@@ -203,11 +203,13 @@ AVX512 static inline __attribute__((always_inline)) int row_avx512(const Spmv *p
         col = step(xs, acc, nb, col, cols, d, v, left, 0);
     }
     if (col < -1) return 1;
-    for (int b = 0; b < nb; b++) p->y[(b0 + b) * p->rows + r] = first[b] + _mm512_reduce_add_ps(acc[b]);
+    _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) p->y[(b0 + b) * p->rows + r] = first[b] + _mm512_reduce_add_ps(acc[b]);
     return 0;
 }
 
-/* One specialisation per batch size and value type, so that the accumulators stay in registers. */
+/* One specialisation per batch size and value type, so that the accumulators stay in registers
+ * (with the loops over b unrolled: otherwise GCC keeps them in stack arrays for 2+ vectors of x,
+ * 10-15 % slower at 2-8 on a two-core Xeon). */
 AVX512 static int row_avx512_n(const Spmv *p, int64_t r, int64_t b0, int nb) {
     switch (nb * 2 + p->bf16) {
 #define ROW_CASE(k) case 2 * k: return row_avx512(p, r, b0, k, 0); case 2 * k + 1: return row_avx512(p, r, b0, k, 1);
