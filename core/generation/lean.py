@@ -9,6 +9,11 @@ the attention block itself: rotary embedding, a preallocated KV cache written in
 ``scaled_dot_product_attention`` call (no mask for one query row; a causal offset mask for a
 k+1-token verify; ``is_causal`` for a fresh prefill).
 
+On a CPU with AVX-512, where the C extension ``paretolab.kernels._lean_cpu`` is built, a block of
+up to 16 fp32 tokens (decoding, a verify) goes further: RMSNorm, rotary, attention over the cache
+and the MLP's ``silu(gate) * up`` are one C call each (:mod:`paretolab.kernels.lean_cpu`) instead
+of ~40 torch operations a layer; norms and MLPs a method replaced or hooked still run as modules.
+
 Only models it can reproduce take it (:func:`lean_supported`): a ``LlamaForCausalLM`` whose decoder
 layers and attention modules are transformers' own classes, unpatched, with sdpa or eager
 attention and no hooks other than forward hooks on decoder layers (those are called, so
@@ -20,6 +25,7 @@ with it to float rounding (tests compare logits and greedy tokens); ``PARETOLAB_
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +33,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from paretolab.kernels.lean_cpu import MAX_TOKENS as LEAN_CPU_MAX_TOKENS
+from paretolab.kernels.lean_cpu import lean_ops
 
 _enabled = [os.environ.get("PARETOLAB_LEAN_DECODE", "1") != "0"]
 
@@ -69,8 +78,17 @@ class LeanCache:
     def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (1, kv_heads, T, head_dim) at the current length; the layer's keys and values up to length + T."""
         start, end = self.length, self.length + key.shape[2]
+        buffer_k, buffer_v = self.reserve(layer, end, key, value)
+        buffer_k[:, :, start:end] = key
+        buffer_v[:, :, start:end] = value
+        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+    def reserve(self, layer: int, end: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's whole buffers, grown (by doubling, the first ``length`` positions kept) to hold ``end`` positions;
+        ``key``/``value`` (1, kv_heads, *, head_dim) give their shape, dtype and device."""
         buffer_k, buffer_v = self.keys[layer], self.values[layer]
-        if buffer_k is None or buffer_k.shape[2] < end:
+        if buffer_k is None or buffer_v is None or buffer_k.shape[2] < end:
+            start = self.length
             capacity = max(64, end, 2 * (0 if buffer_k is None else buffer_k.shape[2]))
             grown_k = key.new_empty((key.shape[0], key.shape[1], capacity, key.shape[3]))
             grown_v = value.new_empty((value.shape[0], value.shape[1], capacity, value.shape[3]))
@@ -78,10 +96,7 @@ class LeanCache:
                 grown_k[:, :, :start] = buffer_k[:, :, :start]
                 grown_v[:, :, :start] = buffer_v[:, :, :start]
             self.keys[layer], self.values[layer] = buffer_k, buffer_v = grown_k, grown_v
-        assert buffer_v is not None
-        buffer_k[:, :, start:end] = key
-        buffer_v[:, :, start:end] = value
-        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+        return buffer_k, buffer_v
 
     def keep(self, start: int, offsets: list[int]) -> None:
         """Keep, of the positions from ``start`` on, those at ``start + offsets`` (increasing), moved to ``start, start+1, ...``.
@@ -146,6 +161,50 @@ def _attention(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return attn.o_proj(out.transpose(1, 2).reshape(1, tokens, -1))
 
 
+def _plain(module: torch.nn.Module, cls: type) -> bool:
+    """``module`` is exactly ``cls`` with no forward hooks and its own forward: the C path may replace its arithmetic."""
+    return type(module) is cls and not (module._forward_hooks or module._forward_pre_hooks) and "forward" not in module.__dict__
+
+
+def _norm(norm: torch.nn.Module, x: torch.Tensor, ops: Any) -> torch.Tensor:
+    if ops is not None and _plain(norm, _llama().LlamaRMSNorm) and norm.weight.dtype == torch.float32 and x.is_contiguous():
+        return ops.rms_norm(x, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor, ops: Any) -> torch.Tensor:
+    if ops is not None and _plain(mlp, _llama().LlamaMLP) and type(mlp.act_fn) in _silu_types():
+        return mlp.down_proj(ops.silu_mul(mlp.gate_proj(x).contiguous(), mlp.up_proj(x).contiguous()))
+    return mlp(x)
+
+
+def _attention_c(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LeanCache, index: int,
+                 block_mask: torch.Tensor | None, ops: Any) -> torch.Tensor:
+    """``_attention`` in one C call (rotary, the cache write, attention): the projections' (1, T, heads * D) layout throughout."""
+    tokens, head_dim = x.shape[1], attn.head_dim
+    q = attn.q_proj(x).contiguous()
+    k = attn.k_proj(x).contiguous()
+    v = attn.v_proj(x).contiguous()
+    like = k.view(1, tokens, -1, head_dim).transpose(1, 2)  # (1, kv_heads, T, D): the buffers' shape, dtype and device
+    keys, values = cache.reserve(index, cache.length + tokens, like, like)
+    out = ops.attention(q, keys, values, cache.length, attn.scaling, block_mask=block_mask, new=(k, v), rotary=(cos, sin))
+    return attn.o_proj(out)
+
+
+@functools.cache
+def _llama() -> Any:
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama
+
+
+@functools.cache
+def _silu_types() -> tuple[type, ...]:
+    from transformers.activations import SiLUActivation
+
+    return (SiLUActivation, torch.nn.SiLU)
+
+
 def _call_hooks(layer: torch.nn.Module, inputs: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     for hook in list(layer._forward_hooks.values()):
         replaced = hook(layer, (inputs,), output)
@@ -187,10 +246,17 @@ def lean_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: LeanCac
     elif tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
         mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=input_ids.device).tril(past)
     causal = tokens > 1 and past == 0 and mask is None  # a fresh prefill
+    ops = lean_ops() if tokens <= LEAN_CPU_MAX_TOKENS and hidden.dtype == torch.float32 and hidden.device.type == "cpu" else None
+    if ops is not None:
+        cos_rows, sin_rows = cos[0, 0].contiguous(), sin[0, 0].contiguous()  # (T, D), the C rotary's tables
+        tree = None if block_mask is None else block_mask.to(torch.bool)
     for index, layer in enumerate(layers):
         layer_in = hidden
-        hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index, mask, causal)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if ops is not None and hidden.is_contiguous():
+            hidden = hidden + _attention_c(layer.self_attn, _norm(layer.input_layernorm, hidden, ops), cos_rows, sin_rows, cache, index, tree, ops)
+        else:
+            hidden = hidden + _attention(layer.self_attn, _norm(layer.input_layernorm, hidden, None), cos, sin, cache, index, mask, causal)
+        hidden = hidden + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, hidden, ops), ops)
         if layer._forward_hooks:
             hidden = _call_hooks(layer, layer_in, hidden)
     cache.length += tokens

@@ -148,3 +148,80 @@ def test_the_default_loop_at_batch_1_takes_the_lean_forward(tiny, monkeypatch):
     assert len(calls) == 10  # the prefill and 9 steps
     generate(tiny, [[5, 9, 2, 7], [1, 2]], max_new_tokens=10)  # a padded batch keeps transformers' forward
     assert len(calls) == 10
+
+
+def _c_ops_or_skip():
+    from paretolab.kernels.lean_cpu import lean_ops
+
+    ops = lean_ops()
+    if ops is None:  # reported in the summary (-rs), never silent
+        pytest.skip("the lean C operations need paretolab.kernels._lean_cpu built and an AVX-512 CPU")
+    return ops
+
+
+def test_c_operations_take_a_decoding_step_and_agree_with_torchs(tiny, monkeypatch):
+    """Decode, verify (causal and tree), crop: the C path is taken and its logits are torch's path's up to rounding."""
+    import paretolab.generation.lean as lean
+    from paretolab.generation.lean import lean_forward
+    from paretolab.kernels import cpu_ext
+
+    _c_ops_or_skip()
+    ext = cpu_ext.extension("_lean_cpu")
+    calls = {"attention": 0, "rms_norm": 0, "silu_mul": 0}
+    for name in calls:
+        real = getattr(ext, name)
+        monkeypatch.setattr(ext, name, lambda *a, _real=real, _name=name: (calls.__setitem__(_name, calls[_name] + 1), _real(*a))[1])
+    layers = len(tiny.model.model.layers)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+
+    def session():
+        logits, cache = lean_forward(tiny.model, torch.tensor([[5, 9, 2, 7, 11, 3]]))
+        seen = [logits[0, -1]]
+        for token in (4, 8, 15):
+            logits, cache = lean_forward(tiny.model, torch.tensor([[token]]), cache)
+            seen.append(logits[0, -1])
+        block, cache = lean_forward(tiny.model, torch.tensor([[16, 23, 42]]), cache)
+        cache.crop(-1)
+        past = cache.length
+        branch, cache = lean_forward(tiny.model, torch.tensor([[1, 2, 3]]), cache, positions=torch.tensor([past, past + 1, past + 1]),
+                                     block_mask=tree)
+        return torch.cat([torch.stack(seen), block[0], branch[0]])
+
+    fast = session()
+    assert calls["attention"] == 6 * layers and calls["silu_mul"] == 6 * layers and calls["rms_norm"] == 12 * layers  # 6 forwards, prefill too
+    monkeypatch.setattr(lean, "lean_ops", lambda: None)
+    torch.testing.assert_close(fast, session(), rtol=0, atol=1e-5)
+
+
+def test_a_decoded_token_and_the_same_token_in_a_verify_block_get_the_same_bits(tiny):
+    """With the linears through the dense kernel (as the speculative generator runs them), the C path keeps each row's bits."""
+    from paretolab.generation.lean import lean_forward
+    from paretolab.kernels.dense_cpu import dense_cpu_kernel, fast_linears
+
+    _c_ops_or_skip()
+    if dense_cpu_kernel() is None:
+        pytest.skip("needs paretolab.kernels._dense_cpu (torch's matmul gives a row other bits beside other rows)")
+    prompt, more = torch.tensor([[5, 9, 2, 7]]), [11, 3, 6]
+    with fast_linears(tiny.model):
+        _, cache = lean_forward(tiny.model, prompt)
+        block, _ = lean_forward(tiny.model, torch.tensor([more]), cache)
+        _, cache = lean_forward(tiny.model, prompt)
+        for i, token in enumerate(more):
+            alone, cache = lean_forward(tiny.model, torch.tensor([[token]]), cache)
+            assert torch.equal(alone[0, -1], block[0, i])
+
+
+def test_a_hooked_norm_or_mlp_runs_as_its_module_beside_the_c_operations(tiny):
+    from paretolab.generation.lean import lean_forward
+
+    _c_ops_or_skip()
+    seen = []
+    layer = tiny.model.model.layers[0]
+    handles = [layer.input_layernorm.register_forward_hook(lambda m, i, o: seen.append("norm")),
+               layer.mlp.register_forward_hook(lambda m, i, o: seen.append("mlp"))]
+    try:
+        lean_forward(tiny.model, torch.tensor([[5, 9, 2]]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == ["norm", "mlp"]
