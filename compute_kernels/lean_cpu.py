@@ -2,7 +2,7 @@
 
 The lean forward (``paretolab.generation.lean``) spends most of a decoding step's non-linear time
 in dispatching ~40 small torch operations a layer. Where this extension runs its AVX-512 path,
-:func:`lean_ops` returns it and the lean forward calls:
+:func:`lean_ops` returns them bound to it, unchecked (:class:`LeanOps`), and the lean forward calls:
 
 - ``rms_norm(x, weight, eps)``: transformers' ``LlamaRMSNorm`` (sums in another order);
 - ``rotary_(t, cos, sin, heads)``: ``t * cos + rotate_half(t) * sin`` in place, bit-identical;
@@ -31,16 +31,58 @@ NAME = "_lean_cpu"
 MAX_TOKENS = 16  # block rows above which (a prefill) the lean forward keeps torch's attention
 
 
-def lean_ops() -> ModuleType | None:
-    """This module where its C extension runs the AVX-512 path (the lean forward's switch), else None."""
+class LeanOps:
+    """The C operations bound to the extension at one path, with no checks: what the lean forward calls (~100 times a
+    step), its tensors being contiguous fp32 CPU tensors of the right shapes by construction. The module's functions
+    below check their inputs, then call these."""
+
+    def __init__(self, ext: ModuleType, cap: int) -> None:
+        self.ext, self.cap = ext, cap
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        y = torch.empty_like(x)
+        dim = x.shape[-1]
+        self.ext.rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // max(dim, 1), dim, float(eps), self.cap)
+        return y
+
+    def rotary_(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+        rows, dim = cos.shape
+        self.ext.rotary(t.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, heads, dim, self.cap)
+        return t
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(gate)
+        self.ext.silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), self.cap)
+        return out
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float, *,
+                  block_mask: torch.Tensor | None = None, new: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        _, kv_heads, capacity, dim = keys.shape
+        tokens = q.numel() // q.shape[-1]
+        extra: tuple[int, ...] = ()
+        if new is not None:
+            extra = (new[0].data_ptr(), new[1].data_ptr(), *((rotary[0].data_ptr(), rotary[1].data_ptr()) if rotary is not None else ()))
+        out = torch.empty_like(q)
+        self.ext.attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), 0 if block_mask is None else block_mask.data_ptr(),
+                           tokens, q.shape[-1] // dim, kv_heads, dim, past, capacity * dim, float(scale), self.cap, *extra)
+        return out
+
+
+_BOUND: dict[tuple[int, int], LeanOps] = {}
+
+
+def _bound(ext: ModuleType, cap: int) -> LeanOps:
+    key = (id(ext), cap)
+    if key not in _BOUND:
+        _BOUND[key] = LeanOps(ext, cap)
+    return _BOUND[key]
+
+
+def lean_ops() -> LeanOps | None:
+    """The unchecked operations at the AVX-512 path where the C extension runs it (the lean forward's switch), else None."""
     ext = extension(NAME)
-    return None if ext is None or ext.isa() != "avx512" else _self()
-
-
-def _self() -> ModuleType:
-    import sys
-
-    return sys.modules[__name__]
+    return None if ext is None or ext.isa() != "avx512" else _bound(ext, path_cap(ext, None))
 
 
 def _ext() -> ModuleType:
@@ -65,9 +107,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, path: str | N
     dim = x.shape[-1]
     if weight.shape != (dim,):
         raise ValueError(f"lean_cpu.rms_norm: weight must have shape ({dim},), got {tuple(weight.shape)}")
-    y = torch.empty_like(x)
-    ext.rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // max(dim, 1), dim, float(eps), path_cap(ext, path))
-    return y
+    return _bound(ext, path_cap(ext, path)).rms_norm(x, weight, eps)
 
 
 def rotary_(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, *, path: str | None = None) -> torch.Tensor:
@@ -78,8 +118,7 @@ def rotary_(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, *
     if sin.shape != cos.shape or t.shape[-1] != heads * dim or t.numel() != rows * heads * dim or dim % 2:
         raise ValueError(f"lean_cpu.rotary_: t {tuple(t.shape)} must be (T, heads * D) for cos and sin (T, D) = {tuple(cos.shape)}, "
                          f"{tuple(sin.shape)} with {heads} heads and D even")
-    ext.rotary(t.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, heads, dim, path_cap(ext, path))
-    return t
+    return _bound(ext, path_cap(ext, path)).rotary_(t, cos, sin, heads)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, path: str | None = None) -> torch.Tensor:
@@ -88,9 +127,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, path: str | None = None) -
     _check("silu_mul", gate, up)
     if gate.shape != up.shape:
         raise ValueError(f"lean_cpu.silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-    out = torch.empty_like(gate)
-    ext.silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), path_cap(ext, path))
-    return out
+    return _bound(ext, path_cap(ext, path)).silu_mul(gate, up)
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float, *,
@@ -113,22 +150,15 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: i
             or heads % kv_heads or past + tokens > capacity):
         raise ValueError(f"lean_cpu.attention: q {tuple(q.shape)} must be (T, heads * D) for keys/values (1, kv_heads, capacity, D) "
                          f"= {tuple(keys.shape)}, {tuple(values.shape)}, heads a multiple of kv_heads, past + T = {past + tokens} <= capacity")
-    mask_ptr = 0
     if block_mask is not None:
         if block_mask.shape != (tokens, tokens) or block_mask.dtype != torch.bool or block_mask.device.type != "cpu":
             raise ValueError(f"lean_cpu.attention: block_mask must be bool ({tokens}, {tokens}) on the CPU, got "
                              f"{tuple(block_mask.shape)} {block_mask.dtype} on {block_mask.device}")
         block_mask = block_mask.contiguous()
-        mask_ptr = block_mask.data_ptr()
-    extra: tuple[int, ...] = ()
     if new is not None:
         if any(t.numel() != tokens * kv_heads * dim for t in new) or (rotary is not None and any(t.shape != (tokens, dim) for t in rotary)):
             raise ValueError(f"lean_cpu.attention: new keys/values must hold ({tokens}, {kv_heads * dim}) and cos/sin be ({tokens}, {dim}); "
                              f"got {[tuple(t.shape) for t in new]} and {None if rotary is None else [tuple(t.shape) for t in rotary]}")
-        extra = (new[0].data_ptr(), new[1].data_ptr(), *((rotary[0].data_ptr(), rotary[1].data_ptr()) if rotary is not None else ()))
     elif rotary is not None:
         raise ValueError("lean_cpu.attention: rotary is applied to the new keys with q; pass new=(keys, values) with it")
-    out = torch.empty_like(q)
-    ext.attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), mask_ptr, tokens, heads, kv_heads, dim, past,
-                  capacity * dim, float(scale), path_cap(ext, path), *extra)
-    return out
+    return _bound(ext, path_cap(ext, path)).attention(q, keys, values, past, scale, block_mask=block_mask, new=new, rotary=rotary)

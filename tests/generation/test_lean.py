@@ -189,8 +189,10 @@ def test_c_operations_take_a_decoding_step_and_agree_with_torchs(tiny, monkeypat
 
     fast = session()
     assert calls["attention"] == 6 * layers and calls["silu_mul"] == 6 * layers and calls["rms_norm"] == 12 * layers  # 6 forwards, prefill too
-    monkeypatch.setattr(lean, "lean_ops", lambda: None)
-    torch.testing.assert_close(fast, session(), rtol=0, atol=1e-5)
+    with lean.lean_c_operations(False):
+        slow = session()
+    assert calls["attention"] == 6 * layers  # switched off: torch's operations only
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-5)
 
 
 def test_a_decoded_token_and_the_same_token_in_a_verify_block_get_the_same_bits(tiny):
@@ -211,17 +213,18 @@ def test_a_decoded_token_and_the_same_token_in_a_verify_block_get_the_same_bits(
             assert torch.equal(alone[0, -1], block[0, i])
 
 
-def test_a_hooked_norm_or_mlp_runs_as_its_module_beside_the_c_operations(tiny):
+def test_a_hooked_norm_linear_or_mlp_runs_as_its_module_beside_the_c_operations(tiny):
     from paretolab.generation.lean import lean_forward
 
     _c_ops_or_skip()
     seen = []
     layer = tiny.model.model.layers[0]
     handles = [layer.input_layernorm.register_forward_hook(lambda m, i, o: seen.append("norm")),
+               layer.self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append("q_proj")),
                layer.mlp.register_forward_hook(lambda m, i, o: seen.append("mlp"))]
     try:
         lean_forward(tiny.model, torch.tensor([[5, 9, 2]]))
     finally:
         for handle in handles:
             handle.remove()
-    assert seen == ["norm", "mlp"]
+    assert seen == ["norm", "q_proj", "mlp"]
