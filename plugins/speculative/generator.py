@@ -16,7 +16,9 @@ import torch
 
 from paretolab.generation import Generation, forward_with_cache
 from paretolab.generation.lean import LeanCache, lean_forward
+from paretolab.kernels.dense_cpu import MAX_ROWS as KERNEL_MAX_ROWS
 from paretolab.kernels.dense_cpu import fast_linears
+from paretolab.kernels.lean_cpu import MAX_TOKENS as LEAN_C_MAX_TOKENS
 from paretolab.plugins._layerwise import decoder_layers
 from paretolab.plugins.speculative.lookup import NgramLookup
 from paretolab.plugins.speculative.tree import DraftTree, TreeShape, accept, block_layout
@@ -84,6 +86,11 @@ class TargetFeatures:
         return torch.cat([self.outputs[i][0] for i in self.layers], dim=-1)
 
 
+# Drafts a round verifies at most: the root and they (one block) stay within what the dense kernel and the lean
+# forward's C operations take, whose rows get the bits they get alone, so the verify reproduces greedy decoding exactly.
+MAX_DRAFTS = min(KERNEL_MAX_ROWS, LEAN_C_MAX_TOKENS) - 1
+
+
 class SpeculativeGenerator:
     """Draft ``k`` tokens (or a token tree), verify them in one target forward, keep the longest greedy-matching path.
 
@@ -99,11 +106,16 @@ class SpeculativeGenerator:
     chain, the next round looks twice as far ahead (up to ``lookup_max``) and skips the draft model
     (the text is repeating itself; transformers' assisted generation grows its draft length on
     full acceptance the same way); the first miss goes back to ``lookup`` and the model.
+    A round verifies at most ``MAX_DRAFTS`` (15) drafts: a lookup chain is cut to fit beside the tree.
     """
 
     def __init__(self, drafter: Drafter, k: int, tree: TreeShape | None = None, lookup: int = 0, lookup_max: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"speculative decoding needs k >= 1 draft tokens, got k={k}")
+        if k > MAX_DRAFTS or (tree is not None and tree.nodes > MAX_DRAFTS):
+            raise ValueError(f"a round verifies at most {MAX_DRAFTS} drafts (its block of drafts + 1 must stay within the kernels whose "
+                             f"rows keep their bits, so that the output is greedy's); got k={k}"
+                             f"{'' if tree is None else f', tree nodes={tree.nodes}'}: choose {MAX_DRAFTS} or fewer")
         if lookup < 0:
             raise ValueError(f"lookup (prompt-lookup tokens added to each draft tree) must be >= 0, got {lookup}")
         if lookup_max is not None and lookup_max < lookup:
@@ -137,13 +149,15 @@ class SpeculativeGenerator:
         """
         if room < 1:
             return DraftTree(), []
-        chain = self.ngrams.propose(ids, min(lookup, room)) if tree and lookup else []
+        chain = self.ngrams.propose(ids, min(lookup, room, MAX_DRAFTS)) if tree and lookup else []
         if chain and streak:
             return DraftTree.chain(chain), chain
         if tree and self.tree is not None and hasattr(self.drafter, "propose_tree"):
             drafts = self.drafter.propose_tree(ids, features, self.tree).limit_depth(room)  # type: ignore[attr-defined]
         else:
             drafts = DraftTree.chain(self.drafter.propose(ids, features, min(self.k, room)))
+        while chain and len(drafts.with_chain(chain).tokens) > MAX_DRAFTS:  # the block must stay within the exact kernels
+            chain = chain[:-1]
         return drafts.with_chain(chain), chain
 
     @torch.no_grad()

@@ -213,3 +213,22 @@ def test_a_growing_lookup_looks_further_on_a_streak_and_skips_the_draft_model(ti
     assert growing.calls < rounds  # on a streak the lookup alone is verified
     with pytest.raises(ValueError, match="lookup_max"):
         SpeculativeGenerator(fixed, 1, lookup=4, lookup_max=2)
+
+
+def test_a_round_never_verifies_more_than_the_exact_kernels_take(tiny, monkeypatch):
+    """A lookup streak growing to 32 would verify 33 tokens, past the rows whose bits the kernels keep: it is cut to 15."""
+    import paretolab.plugins.speculative.generator as generator
+
+    blocks = []
+    real_lean, real_forward = generator.lean_forward, generator.forward_with_cache
+    monkeypatch.setattr(generator, "lean_forward", lambda m, ids, *a, **k: (blocks.append(ids.shape[1]), real_lean(m, ids, *a, **k))[1])
+    monkeypatch.setattr(generator, "forward_with_cache", lambda m, ids, *a, **k: (blocks.append(ids.shape[1]), real_forward(m, ids, *a, **k))[1])
+    prompts = [[3, 4, 5, 6] * 8]
+    reference = generate(tiny, prompts, max_new_tokens=80)
+    out = SpeculativeGenerator(CountingDrafter(), 1, lookup=4, lookup_max=32).generate(tiny, prompts, max_new_tokens=80)
+    assert out.sequences == reference.sequences
+    assert max(blocks[1:]) == generator.MAX_DRAFTS + 1 == 16  # the prefill aside, the streak reached the cap and stayed there
+    with pytest.raises(ValueError, match="at most 15 drafts"):
+        SpeculativeGenerator(CountingDrafter(), 16)
+    with pytest.raises(ValueError, match="tree nodes=20"):
+        SpeculativeGenerator(CountingDrafter(), 2, tree=TreeShape(nodes=20))
