@@ -11,9 +11,10 @@
  * gets the same number of stored entries, not of rows. A row's result depends on nothing but
  * the row, so any thread count gives bit-identical output.
  *
- * Three instruction paths, picked at run time (_cpu_paths.h): AVX-512 (16 entries a step: 8
- * bytes of codes widened to 16 column steps, an in-register prefix sum, a gather of x, values
- * widened to fp32 in registers, one FMA per vector x), AVX2 (8 entries a step: the 8 codes'
+ * Three instruction paths, picked at run time (_cpu_paths.h): AVX-512 (16 entries a step: the
+ * codes' running sums in general-purpose registers (pdep and a multiply), x picked by two permutes
+ * from a 64-column window or by a hardware gather for wider steps, values widened to fp32 in
+ * registers, one FMA per vector x), AVX2 (8 entries a step: the 8 codes'
  * running sums in one general-purpose register, x picked by 8 scalar loads, values widened by
  * F16C, one FMA per vector x) and portable scalar C (the same arithmetic one entry at a time;
  * also what the tests compare the vector paths against).
@@ -97,23 +98,6 @@ static int row_scalar(const Spmv *p, int64_t r, int64_t b0, int nb) {
 
 #define ONES 0x0101010101010101ULL
 
-/* 16 codes from 8 bytes (entry order: low nibble, high nibble, next byte ...) as column steps 1..16. */
-AVX512 static inline __m512i steps_of(__m128i bytes) {
-    __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-    return _mm512_add_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), _mm512_set1_epi32(1));
-}
-
-/* Inclusive prefix sum of 16 int32 lanes (four shift-and-add steps). */
-AVX512 static inline __m512i prefix_sum(__m512i v) {
-    const __m512i z = _mm512_setzero_si512();
-    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 15));
-    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 14));
-    v = _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 12));
-    return _mm512_add_epi32(v, _mm512_alignr_epi32(v, z, 8));
-}
-
-
 /* Column steps of 8 entries (8 codes in the low 32 bits of d) as 8 bytes, then their running sums
  * (one multiply: byte j of s * ONES is s_0 + ... + s_j; at most 8 * 16 = 128, so no carries). */
 AVX512 static inline uint64_t running_steps(uint64_t d) {
@@ -125,16 +109,12 @@ AVX512 static inline __m512 widen(__m256i raw, int bf16) {
     return _mm512_cvtph_ps(raw);
 }
 
-/* x at 16 columns col + 1 + rel (rel < 32 * pairs): 2 * pairs loads from col + 1, one permute per
- * pair of vectors, then a blend on bit 5 of rel (pairs = 2: the only width row_avx512 uses). */
-AVX512 static inline __attribute__((always_inline)) __m512 x_window(const float *w, __m512i rel, int pairs) {
-    __m512 part[8];
-    for (int k = 0; k < pairs; k++) part[k] = _mm512_permutex2var_ps(_mm512_loadu_ps(w + 32 * k), rel, _mm512_loadu_ps(w + 32 * k + 16));
-    for (int bit = 32; bit < 32 * pairs; bit *= 2) {
-        __mmask16 upper = _mm512_test_epi32_mask(rel, _mm512_set1_epi32(bit));
-        for (int k = 0; k < pairs * 32 / bit / 2; k++) part[k] = _mm512_mask_blend_ps(upper, part[2 * k], part[2 * k + 1]);
-    }
-    return part[0];
+/* x at 16 columns col + 1 + rel (rel < 64): 4 loads from col + 1, one permute per pair of them,
+ * then a blend on bit 5 of rel. */
+AVX512 static inline __attribute__((always_inline)) __m512 x_window(const float *w, __m512i rel) {
+    __m512 low = _mm512_permutex2var_ps(_mm512_loadu_ps(w), rel, _mm512_loadu_ps(w + 16));
+    __m512 high = _mm512_permutex2var_ps(_mm512_loadu_ps(w + 32), rel, _mm512_loadu_ps(w + 48));
+    return _mm512_mask_blend_ps(_mm512_test_epi32_mask(rel, _mm512_set1_epi32(32)), low, high);
 }
 
 /* One step: 16 entries (n < 16 only in a row's last step, whose absent codes step by 1 and
@@ -150,7 +130,7 @@ AVX512 static inline __attribute__((always_inline)) int64_t step(const float *co
     __m512i rel = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)(hi + (uint64_t)(half - 1) * ONES), (long long)(lo - ONES)));
     _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) {
         const float *w = xs[b] + col + 1;
-        __m512 xv = span <= 64 ? x_window(w, rel, 2) : _mm512_i32gather_ps(rel, w, 4);
+        __m512 xv = span <= 64 ? x_window(w, rel) : _mm512_i32gather_ps(rel, w, 4);
         if (!full) xv = _mm512_maskz_mov_ps((__mmask16)((1u << n) - 1), xv); /* absent lanes: 0, also where x is inf */
         acc[b] = _mm512_fmadd_ps(v, xv, acc[b]);
     }

@@ -262,23 +262,23 @@ def lean_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: LeanCac
         positions = torch.arange(cache.length, cache.length + tokens, device=input_ids.device)
     cos, sin = inner.rotary_emb(hidden, positions.unsqueeze(0))
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    past, mask = cache.length, None  # one mask for every layer
-    if block_mask is not None:  # a tree: row i sees the past and the block rows block_mask[i] names
+    ops = (lean_ops() if _c_operations[-1] and tokens <= LEAN_CPU_MAX_TOKENS and hidden.dtype == torch.float32
+           and hidden.device.type == "cpu" else None)
+    past, mask = cache.length, None
+    if ops is not None:  # the C attention takes the tree mask itself (or none: causal)
+        cos_rows, sin_rows = cos[0, 0].contiguous(), sin[0, 0].contiguous()  # (T, D), the C rotary's tables
+        tree = None if block_mask is None else block_mask.to(torch.bool).contiguous()
+    elif block_mask is not None:  # a tree: row i sees the past and the block rows block_mask[i] names (one mask for every layer)
         mask = torch.cat([block_mask.new_ones((tokens, past)), block_mask], dim=1)
     elif tokens > 1 and past > 0:  # a verify block: row i sees the past and block rows 0..i
         mask = torch.ones((tokens, past + tokens), dtype=torch.bool, device=input_ids.device).tril(past)
     causal = tokens > 1 and past == 0 and mask is None  # a fresh prefill
-    ops = (lean_ops() if _c_operations[-1] and tokens <= LEAN_CPU_MAX_TOKENS and hidden.dtype == torch.float32
-           and hidden.device.type == "cpu" else None)
-    if ops is not None:
-        cos_rows, sin_rows = cos[0, 0].contiguous(), sin[0, 0].contiguous()  # (T, D), the C rotary's tables
-        tree = None if block_mask is None else block_mask.to(torch.bool).contiguous()
     for index, layer in enumerate(layers):
         layer_in = hidden
-        if ops is not None and hidden.is_contiguous():
+        if ops is not None:
             hidden = hidden + _attention_c(layer.self_attn, _norm(layer.input_layernorm, hidden, ops), cos_rows, sin_rows, cache, index, tree, ops)
         else:
-            hidden = hidden + _attention(layer.self_attn, _norm(layer.input_layernorm, hidden, None), cos, sin, cache, index, mask, causal)
+            hidden = hidden + _attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache, index, mask, causal)
         hidden = hidden + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, hidden, ops), ops)
         if layer._forward_hooks:
             hidden = _call_hooks(layer, layer_in, hidden)
