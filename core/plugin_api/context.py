@@ -44,6 +44,8 @@ class TrialContext:
     costs: CostLedger = field(default_factory=CostLedger)  # per-role calls, tokens, seconds (see paretolab.costs)
     reporter: Callable[[int, dict[str, float]], bool] | None = None  # the study's pruner (set by the worker with search.pruner)
     pruned_at: int | None = None  # the step ``report`` was told to stop at
+    # each calibration draw the trial made ("pydoc seed 17, 16x256"): a verdict resting on one draw says so (see results.claims)
+    calibration_draws: list[str] = field(default_factory=list)
 
     def report(self, step: int, values: dict[str, float]) -> bool:
         """Hand intermediate values (e.g. ``{"val_loss": 3.2}`` at optimizer step ``step``) to the study's pruner.
@@ -65,10 +67,18 @@ class TrialContext:
         return torch.Generator(device="cpu").manual_seed(self.seed + offset)  # CPU: the same stream on any device
 
     def calibration_ids(self, tokenizer: Any, *, corpus: str = "pydoc", n_samples: int = 16, seq_len: int = 256) -> torch.Tensor:
-        """(n_samples, seq_len) calibration token ids from ``corpus``, seeded by the trial."""
+        """(n_samples, seq_len) calibration token ids from ``corpus``, seeded by the trial (the draw is recorded with the trial)."""
+        return self.calibration_draw(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=self.seed)
+
+    def calibration_draw(self, tokenizer: Any, *, corpus: str, n_samples: int, seq_len: int, seed: int) -> torch.Tensor:
+        """Calibration ids from an explicit ``seed`` (a ``calib_seed`` parameter that pairs draws across trials), recorded like
+        :meth:`calibration_ids`' draws: the trial's ``info.calibration_draws`` names every draw it made."""
         from paretolab.data import calibration_ids
 
-        return calibration_ids(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=self.seed)
+        draw = f"{corpus} seed {seed}, {n_samples}x{seq_len}"
+        if draw not in self.calibration_draws:
+            self.calibration_draws.append(draw)
+        return calibration_ids(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=seed)
 
     def add_artifact(self, name: str, content: str | bytes) -> Path:
         """Write a file into this trial's workdir and have it logged as an MLflow artifact."""

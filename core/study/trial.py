@@ -106,6 +106,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.info = {k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))}
             result.info.update(ctx.costs.info())
             result.info["energy_source"] = meter.source
+            if ctx.calibration_draws:
+                result.info["calibration_draws"] = "; ".join(ctx.calibration_draws)
             result.simulated_by = list(subject.simulated_by)
             result.history = curve_history(subject)
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)

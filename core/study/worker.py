@@ -31,7 +31,7 @@ class TrialWorker:
         self.base = load_subject(model).to(trial_device(gpus))
         self.roles = load_roles(settings.models, model, self.base)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
-        self.placement = {**_placement(), "device": str(self.base.device)}
+        self.placement = {**_placement(), **machine(self.base.device), "device": str(self.base.device)}
 
     def ready(self) -> str:
         return self.name
@@ -72,6 +72,18 @@ def _placement() -> dict[str, str]:
         return {"ray_node": context.get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
     except Exception:  # run outside Ray (tests call the class directly)
         return {}
+
+
+def machine(device: torch.device) -> dict[str, str]:
+    """What the trial ran on, for the provenance of results (``info.cpu``, ``info.cores``, ``info.gpu``)."""
+    from paretolab.measure.timing import cpu_name
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
+    return {"cpu": cpu_name(), "cores": str(cores), "gpu": gpu}
 
 
 def trial_device(gpus: float) -> torch.device:

@@ -1,0 +1,24 @@
+"""A trial names every calibration draw it made, so a verdict can tell one draw from several (results.claims)."""
+
+from paretolab.records import StagePlan, TrialSettings
+from paretolab.study.trial import run_trial
+
+SETTINGS = TrialSettings("c", "perplexity", {"max_tokens": 128, "context": 64, "stride": 64}, {"params": {}}, seed=0)
+
+
+def test_a_calibrating_method_records_its_draw_and_a_plain_one_none(tiny):
+    wanda = run_trial(tiny, [StagePlan("stage0", "wanda", {"sparsity": 0.5, "calib_samples": 2, "calib_seq_len": 16})], SETTINGS, number=3)
+    assert not wanda.failed, wanda.error
+    assert wanda.info["calibration_draws"] == "pydoc seed 3, 2x16"  # the trial's seed: study seed 0 + trial 3
+    magnitude = run_trial(tiny, [StagePlan("stage0", "magnitude", {"sparsity": 0.5})], SETTINGS, number=3)
+    assert "calibration_draws" not in magnitude.info
+
+
+def test_the_machine_a_trial_ran_on_is_named():
+    import torch
+
+    from paretolab.study.worker import machine
+
+    info = machine(torch.device("cpu"))
+    assert info["cpu"] and info["cpu"] != "unknown"
+    assert int(info["cores"]) >= 1 and info["gpu"] == "none"
