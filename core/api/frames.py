@@ -12,6 +12,7 @@ The rows come from the same readers as ``paretolab frontier`` and ``paretolab re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from paretolab.stores.locations import Stores
@@ -31,26 +32,30 @@ class StudyFrames:
                 f"{len(self.verdicts)} verdict(s); objectives {self.objectives})")
 
 
-def load_study(name: str, *, home: str | None = None, stores: Stores | None = None) -> StudyFrames:
-    """Study ``name`` from the stores (``home``: a store folder, as ``--home``; default as the CLI resolves it)."""
+def load_study(name: str, *, home: str | None = None, stores: Stores | None = None, bundle: str | Path | list[str | Path] | None = None) -> StudyFrames:
+    """Study ``name`` from the stores (``home``: a store folder, as ``--home``; default as the CLI resolves it), or from
+    ``bundle`` (a bundle file, a folder of them, or a list of either; see ``paretolab bundle``) without any store."""
     import pandas as pd
 
     from paretolab.plugin_api.manager import registries
     from paretolab.results.claims import verdict_rows
-    from paretolab.results.noise import artifact_reader
+    from paretolab.results.source import BundleSource, source_of
     from paretolab.results.read import load_study as optuna_study
     from paretolab.results.read import trial_table
     from paretolab.results.section import claim_trials, metric_bounds
     from paretolab.stores.locations import resolve_stores
     from paretolab.study.report_spec import claims_from
 
-    stores = stores or resolve_stores(home=home, create=False)
-    pipeline = optuna_study(name, stores).user_attrs.get("pipeline") or {}
-    objectives, rows = trial_table(name, stores)
+    if bundle is not None:
+        source = BundleSource(bundle if isinstance(bundle, list) else [bundle])
+    else:
+        source = source_of(stores or resolve_stores(home=home, create=False))
+    pipeline = optuna_study(name, source).user_attrs.get("pipeline") or {}
+    objectives, rows = trial_table(name, source)
     trials = pd.DataFrame([_flat(r) for r in rows])
     frontier = _frontier(trials, objectives)
     claims = claims_from(pipeline, {m.name: m.direction for m in registries().metrics})
-    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), artifact_reader(stores.tracking_uri), metric_bounds),
+    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), source.per_example(), metric_bounds),
                             columns=["claim", "metric", "method", "baseline", "setting", "expect", "margin", "scale", "verdict",
                                      "difference", "low", "high", "pairs", "trials"])
     return StudyFrames(name, [tuple(o) for o in objectives], trials, frontier, verdicts, pipeline)

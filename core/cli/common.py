@@ -13,6 +13,15 @@ def stores_from_flags(args: argparse.Namespace, *, create: bool = False) -> Any:
     return resolve_stores(home=args.home, optuna_url=args.storage, tracking_uri=args.tracking_uri, create=create)
 
 
+def source_from_flags(args: argparse.Namespace) -> Any:
+    """Where a reading command reads: the bundles ``--bundle`` names, else the stores the flags name."""
+    if getattr(args, "bundle", None):
+        from paretolab.results.source import BundleSource
+
+        return BundleSource(args.bundle)
+    return stores_from_flags(args)
+
+
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     widths = {c: max(len(c), *(len(cell_text(r.get(c))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))

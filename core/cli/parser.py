@@ -11,7 +11,9 @@ from paretolab.cli.catalog import cmd_models_list, cmd_models_pull, cmd_plugins
 from paretolab.cli.export import cmd_export
 from paretolab.cli.manage import cmd_check, cmd_studies
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
+from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
+from paretolab.results import REPORT_METRICS
 
 EPILOG = """examples:
   paretolab run pipelines/smoke.yaml              run a study on a local Ray
@@ -21,6 +23,9 @@ EPILOG = """examples:
   paretolab studies --prune                       remove interrupted studies that have no complete trial
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab export demo 7 --out demo-7            trial 7's model, loadable by transformers
+  paretolab bundle export demo --out demo.jsonl.gz  the study's whole record in one file; `bundle import` loads it
+  paretolab report demo --bundle demo.jsonl.gz    the report from a bundle, no store needed
+  paretolab results status                        which results documents' studies need a rerun
   paretolab plugins                               every method, task, measure and model
   paretolab models pull smollm2-135m              convert the default model once
   paretolab draft train --budget-min 15           train the EAGLE draft for speculative decoding
@@ -28,6 +33,11 @@ EPILOG = """examples:
   paretolab submit pipelines/demo.yaml --address http://HEAD:8265   run the study as a job on a Ray cluster
   paretolab jobs status JOB_ID --address http://HEAD:8265           follow it (list, status, logs, stop)
 """
+
+
+def _bundle_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", action="append", metavar="FILE", help="read the studies from a bundle file or a folder of them "
+                   "(repeatable) instead of the stores")
 
 
 def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
@@ -38,8 +48,6 @@ def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
     g.add_argument("--tracking-uri", default=default, help="MLflow tracking URI (env PARETOLAB_TRACKING_URI or MLFLOW_TRACKING_URI)")
 
 
-# the speedups against the unmodified model (timed beside each trial) lead; absolute times follow
-REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,depth_alpha,depth_fit_r2,depth_ce_inf,prefill_speedup,decode_speedup,prefill_ms,decode_tok_s,energy_j"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     dtrain.add_argument("--vocab", type=int, default=4096, help="draft vocabulary: the target's most frequent tokens (default 4096)")
     dtrain.add_argument("--ttt-steps", type=int, default=3, help="training-time-test rollout steps (default 3)")
     dtrain.add_argument("--fresh", action="store_true", help="start over instead of continuing an existing draft")
+    dtrain.add_argument("--if-missing", action="store_true", help="do nothing when the model already has a draft (the results targets' way)")
     dtrain.add_argument("--no-progress", action="store_true", help="no progress bars")
     dtrain.set_defaults(func=cmd_draft_train)
 
@@ -163,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     ))
     frontier.add_argument("study", help="study name (the pipeline's `name`)")
     frontier.add_argument("--json", action="store_true", help="machine-readable output")
+    _bundle_flag(frontier)
     _store_flags(frontier)
     frontier.set_defaults(func=cmd_frontier)
 
@@ -197,8 +207,62 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--metrics", default=REPORT_METRICS, help=f"comma-separated metric columns after the study's objectives, which are always shown (default {REPORT_METRICS})")
     report.add_argument("--trials", choices=("frontier", "all"), default="frontier", help="each method's Pareto set (default) or every complete trial")
     report.add_argument("--output", metavar="FILE", help="write a Markdown document to FILE instead of printing the tables")
+    _bundle_flag(report)
     _store_flags(report)
     report.set_defaults(func=cmd_report)
+
+    bundle = sub.add_parser("bundle", help="a study's complete record in one file: export it, import it into other stores", description=(
+        "A bundle holds studies whole: the pipeline and its hash, every trial (state, params, metrics with their intervals, "
+        "per-example scores, curves, reports, pruned and feasible marks, failure reasons) and their provenance (paretolab "
+        "version and commit, machine, model checksums, dates), as gzip-compressed JSON Lines (FILE.jsonl.gz, versioned). "
+        "`report --bundle` and `frontier --bundle` read one without any store; `bundle import` loads one into stores "
+        "(SQLite files or servers) without running anything. A bundle of another format version, or a corrupt or "
+        "truncated one, is refused with one line."
+    ), epilog=("examples:\n  paretolab bundle export demo --out demo.jsonl.gz\n"
+               "  paretolab bundle import demo.jsonl.gz --home other-stores\n"
+               "  paretolab report demo --bundle demo.jsonl.gz"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    bsub = bundle.add_subparsers(dest="bundle_command", metavar="ACTION")
+    bsub.required = True
+    bexport = bsub.add_parser("export", help="write studies from the stores to a bundle file", description=(
+        "Write the named studies, whole, to FILE (its name ends in .jsonl.gz; written to a temporary file and renamed, "
+        "so an interrupted export leaves nothing). The stores are only read."))
+    bexport.add_argument("studies", nargs="+", help="study names")
+    bexport.add_argument("--out", required=True, metavar="FILE", help="the bundle to write (FILE.jsonl.gz; replaced if it exists)")
+    _store_flags(bexport)
+    bimport = bsub.add_parser("import", help="load a bundle's studies into stores, without rerunning", description=(
+        "Load every study of FILE into the stores (created if missing). A study of the same name already there is refused; "
+        "--as gives a one-study bundle another name. Trials keep their numbers, states, params, values and dates; their "
+        "MLflow runs get new ids."))
+    bimport.add_argument("file", help="a bundle written by `paretolab bundle export`")
+    bimport.add_argument("--as", dest="as_name", metavar="NAME", help="import a one-study bundle under another name")
+    _store_flags(bimport)
+    bundle.set_defaults(func=cmd_bundle)
+
+    results = sub.add_parser("results", help="the results documents (pipelines/*.md): status, rerun, render from bundles", description=(
+        "results/documents.yaml lists each results document and its studies; each study's record is committed as "
+        "results/bundles/STUDY.jsonl.gz. `status` says which bundles are current, missing or stale (made from another "
+        "pipeline); `run FAMILY` runs only the missing or stale studies, one at a time, resuming an interrupted one, "
+        "says the expected duration first and writes each bundle as its study finishes (commit each); `render` "
+        "writes every document from the bundles alone, offline (`--check`: exit 1 when a committed document differs)."
+    ), epilog=("examples:\n  paretolab results status\n  paretolab results run training --untimed   beside other work\n"
+               "  paretolab results run compression          on an idle machine\n  paretolab results render --check"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rsub = results.add_subparsers(dest="results_command", metavar="ACTION")
+    rsub.required = True
+    for action, text in (("status", "each document's studies: current, missing or stale, and how long each took"),
+                         ("run", "run the missing or stale studies and write their bundles"),
+                         ("render", "write the documents from the bundles")):
+        r = rsub.add_parser(action, help=text, description=text)
+        r.add_argument("families", nargs="*", metavar="FAMILY", help="documents by family (e.g. training) or path; default: all")
+        r.add_argument("--root", default=".", help="the paretolab checkout (default: the current folder)")
+        if action == "run":
+            r.add_argument("--untimed", action="store_true", help="skip the studies that time something (leave them for an idle machine)")
+            r.add_argument("--dry-run", action="store_true", help="say what would run, and for how long, then stop")
+            r.add_argument("--no-progress", action="store_true", help="no progress bars")
+            r.add_argument("--home", help="the results store (default ROOT/results/.store; kept between sittings so a study resumes)")
+        if action == "render":
+            r.add_argument("--check", action="store_true", help="write nothing; exit 1 when a document differs from its rendering")
+    results.set_defaults(func=cmd_results)
 
     studies = sub.add_parser("studies", help="list the studies with trial counts and status; remove interrupted or named ones", description=(
         "List the studies in the stores: trial counts by state and a status (finished, running while a driver owns it, "

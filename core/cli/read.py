@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 
-from paretolab.cli.common import print_table, stores_from_flags
+from paretolab.cli.common import print_table, source_from_flags, stores_from_flags
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     from paretolab.results.read import frontier_rows, print_frontier, study_quality_note
 
-    stores = stores_from_flags(args)
+    stores = source_from_flags(args)
     rows = frontier_rows(args.study, stores)
     note = study_quality_note(args.study, stores)
     if args.json:
@@ -35,7 +35,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from paretolab.errors import ConfigError
     from paretolab.results.section import study_section
 
-    stores = stores_from_flags(args)
+    stores = source_from_flags(args)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     sections = []
     for name in args.studies:

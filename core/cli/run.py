@@ -93,8 +93,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_draft_train(args: argparse.Namespace) -> int:
     from paretolab.errors import ConfigError
     from paretolab.models import load_subject
-    from paretolab.plugins.speculative.train import TrainOptions, train_draft
+    from paretolab.plugins.speculative.train import TrainOptions, draft_path, train_draft
 
+    if args.if_missing and not args.fresh and draft_path(args.model).is_file():
+        print(f"model {args.model!r} already has a draft ({draft_path(args.model)}): nothing to do (--if-missing)")
+        return 0
     if args.budget_min <= 0:
         raise ConfigError(f"--budget-min must be > 0 minutes, got {args.budget_min}")
     for flag, value, low in (("--tokens", args.tokens, 1), ("--seq-len", args.seq_len, 8), ("--vocab", args.vocab, 2), ("--ttt-steps", args.ttt_steps, 1),

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.results.estimate import Estimate, estimate, holm, p_value, verdict
+from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
 from paretolab.study.report_spec import Claim
 
@@ -52,7 +52,8 @@ def claims_lines(claims: list[Claim], trials: list[dict[str, Any]], curve: Calla
         lines += _one_claim(claim, trials, curve, fetch, bounds, tests)
     if len(tests) > 1:
         kept = holm([p for _, p, _ in tests])
-        listed = "; ".join(f"{what}: {'held' if ok else 'not held'}" + (" (held unadjusted)" if not ok and v == "held" else "")
+        # Holm can only take a "held" away: every other comparison reads here as its own line says
+        listed = "; ".join(f"{what}: " + (v if v != "held" else "held" if ok else "not held after adjustment (held unadjusted)")
                            for (what, _, v), ok in zip(tests, kept))
         lines += [f"**Holm-adjusted** ({len(claims)} claim(s), {len(tests)} comparison(s); family-wise 5 %, one-sided 2.5 % "
                   f"per claimed direction): {listed}.", ""]
@@ -84,7 +85,8 @@ def _one_claim(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str]
     for group, est, said in _judged(claim, groups, fetch, bounds):
         at = f" at {group.label()}" if group.setting else ""
         lines.append(f"**Verdict{at}: {said}** — {_difference(claim, est, group)}.")
-        tests.append((f"`{claim.metric}` {claim.method}{at}", p_value(est, claim.expect, claim.better, claim.margin), said))
+        p = None if said.startswith("no verdict") else p_value(est, claim.expect, claim.better, _band(claim))
+        tests.append((f"`{claim.metric}` {claim.method}{at}", p, said))
         if claim.reference:
             lines.append(gap_line(claim, group, trials))
         lines += _equal_flops(claim, group, curve)
@@ -99,7 +101,25 @@ def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | Non
     for group in groups:
         est = estimate(group.pairs, claim.metric, log=claim.scale == "log", fetch=fetch, bounds=rng)
         if est is not None:
-            yield group, est, verdict(est, claim.expect, claim.better, claim.margin)
+            yield group, est, calibration_verdict(group) or verdict(est, claim.expect, claim.better, _band(claim))
+
+
+MIN_CALIBRATION_DRAWS = 3
+
+
+def calibration_verdict(group: Group) -> str | None:
+    """"no verdict: one calibration draw" when a calibrated side of the comparison rests on fewer than 3 draws, else None.
+
+    A calibrated method's result moves with its calibration sample (by as much as the effects compared, for methods
+    of one family), so a verdict needs the draws as replicates: each trial names its draws (``info.calibration_draws``)."""
+    for side, name in ((0, "method"), (1, "baseline")):
+        draws = [t.get("run_params", {}).get("info.calibration_draws") for t in (pair[side] for pair in group.pairs)]
+        used = {d for d in draws if d}
+        if used and len(used) < MIN_CALIBRATION_DRAWS:
+            count = "one calibration draw" if len(used) == 1 else f"{len(used)} calibration draws"
+            return (f"no verdict: {count} on the {name}'s side (a calibrated result moves with its calibration sample; "
+                    f"≥ {MIN_CALIBRATION_DRAWS} draws, paired as replicates, are needed)")
+    return None
 
 
 def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Callable[[str], Any] | None = None,
@@ -124,8 +144,18 @@ def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Calla
     return rows
 
 
+def _band(claim: Claim) -> tuple[float, float] | None:
+    return margin_band(claim.margin, claim.better, claim.scale == "log")
+
+
 def _margin(claim: Claim) -> str:
-    return f"{claim.margin:.1%} (ratio)" if claim.scale == "log" else f"{claim.margin:g}"
+    """The margin as the claim means it: in the metric's units, or on ``scale: log`` the ratio it allows."""
+    if claim.scale != "log" or claim.margin is None:
+        return f"{claim.margin:g}"
+    worst = 1 + claim.margin if claim.better == "lower" else 1 - claim.margin
+    if claim.expect == "no_worse":
+        return f"{claim.margin:.1%} (the ratio {'at most' if claim.better == 'lower' else 'at least'} ×{worst:g})"
+    return f"{claim.margin:.1%} (the ratio within ×{1 - claim.margin:g} … ×{1 + claim.margin:g})"
 
 
 def _difference(claim: Claim, est: Estimate, group: Group) -> str:
@@ -144,7 +174,7 @@ def _equal_flops(claim: Claim, group: Group, curve: Callable[[str], Any]) -> lis
     """The loss at equal training FLOPs where the paired budgets differ (read off the larger budget's learning curve)."""
     est = estimate(group.pairs, "val_loss", value=lambda m, b: equal_flops_difference(m, b, curve))
     if est is not None:
-        said = f"**{verdict(est, claim.expect, claim.better, claim.margin)}** — " if claim.metric == "val_loss" else ""
+        said = f"**{verdict(est, claim.expect, claim.better, margin_band(claim.margin, claim.better, False))}** — " if claim.metric == "val_loss" else ""
         text = _difference(Claim(claim.text, "val_loss", claim.method, claim.baseline), est, group)
         return ["", f"At equal training FLOPs: {said}{text}; where budgets differ the larger budget's learning curve is read "
                     "(linearly interpolated) at the smaller budget's `train_flops`.", ""]

@@ -157,8 +157,23 @@ def worse_side(claim_better: str, low: float, high: float) -> tuple[float, float
     return (low, high) if claim_better == "lower" else (-high, -low)
 
 
-def verdict(est: Estimate, expect: str, better: str, margin: float | None) -> str:
-    """held / did not hold / within noise (lower, higher); held / did not hold / inconclusive (no_worse, equivalent)."""
+def margin_band(margin: float | None, better: str, log: bool) -> tuple[float, float] | None:
+    """The margin as (lower, upper) bounds on the worse-side difference (positive: the method is worse).
+
+    Linear: ±margin in the metric's units. ``scale: log``: the ratio written, method ÷ baseline within ×(1 − margin) …
+    ×(1 + margin), so a 10 % margin means ×0.9 … ×1.1 (not ±0.1 on the log, which is ×0.905 … ×1.105)."""
+    if margin is None:
+        return None
+    if not log:
+        return -margin, margin
+    low, high = math.log(1 - margin), math.log(1 + margin)  # log ratio bounds
+    return (low, high) if better == "lower" else (-high, -low)
+
+
+def verdict(est: Estimate, expect: str, better: str, band: tuple[float, float] | None) -> str:
+    """held / did not hold / within noise (lower, higher); held / did not hold / inconclusive (no_worse, equivalent).
+
+    ``band``: :func:`margin_band` of the claim's margin (no_worse and equivalent only)."""
     if est.low is None or est.high is None:
         return "no verdict: one replicate and no per-example scores stored (an interval needs two replicates or the examples)"
     if est.zero_width:
@@ -167,15 +182,15 @@ def verdict(est: Estimate, expect: str, better: str, margin: float | None) -> st
     if expect in ("lower", "higher"):
         low, high = worse_side(expect, est.low, est.high)  # positive: moved against the expected direction
         return "held" if high < 0 else "did not hold" if low > 0 else "within noise"
-    assert margin is not None
+    assert band is not None
     low, high = worse_side(better, est.low, est.high)
     if expect == "no_worse":
-        return "held" if high < margin else "did not hold" if low > margin else "inconclusive"
-    inside = -margin < low and high < margin
-    return "held" if inside else "did not hold" if low > margin or high < -margin else "inconclusive"
+        return "held" if high < band[1] else "did not hold" if low > band[1] else "inconclusive"
+    inside = band[0] < low and high < band[1]
+    return "held" if inside else "did not hold" if low > band[1] or high < band[0] else "inconclusive"
 
 
-def p_value(est: Estimate, expect: str, better: str, margin: float | None) -> float | None:
+def p_value(est: Estimate, expect: str, better: str, band: tuple[float, float] | None) -> float | None:
     """One-sided p of the claimed direction from the interval, read as normal (for Holm's adjustment)."""
     if est.low is None or est.high is None or est.zero_width:
         return None
@@ -187,12 +202,12 @@ def p_value(est: Estimate, expect: str, better: str, margin: float | None) -> fl
     if expect in ("lower", "higher"):
         toward = -est.mean if expect == "lower" else est.mean  # positive: moved the claimed way
         return float(norm.sf(toward / se))
-    assert margin is not None
+    assert band is not None
     worse = est.mean if better == "lower" else -est.mean
-    below = float(norm.sf((margin - worse) / se))  # H0: worse >= margin
+    below = float(norm.sf((band[1] - worse) / se))  # H0: worse >= the upper bound
     if expect == "no_worse":
         return below
-    return max(below, float(norm.sf((worse + margin) / se)))  # equivalence: both one-sided tests (TOST)
+    return max(below, float(norm.sf((worse - band[0]) / se)))  # equivalence: both one-sided tests (TOST)
 
 
 def holm(pvalues: list[float | None], alpha: float = (1 - LEVEL) / 2) -> list[bool]:

@@ -1,7 +1,7 @@
 """Quality differences with their uncertainty, read back from stored trials (report and frontier).
 
 A trial's quality numbers carry their per-example scores as the ``per_example.json`` MLflow
-artifact (see :mod:`paretolab.stats`). Two trials evaluated on the same examples (or windows)
+artifact (see :mod:`paretolab.stats`), fetched through the study's source (``Source.per_example``). Two trials evaluated on the same examples (or windows)
 are compared paired: one bootstrap resamples the same units for both. Where a trial has no
 artifact (older runs), the comparison falls back to the unpaired test on the logged standard
 errors and says so.
@@ -9,15 +9,10 @@ errors and says so.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from paretolab.stats import (
-    ARTIFACT,
     PairedDifference,
     interval,
     paired_difference,
@@ -26,28 +21,6 @@ from paretolab.stats import (
 
 QUALITY = ("acc", "acc_norm", "ppl", "nll")
 Fetch = Callable[[str], "dict[str, Any] | None"]
-
-
-def artifact_reader(tracking_uri: str) -> Fetch:
-    """run id -> its ``per_example.json`` payload (None when the run has none), read once per run."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per trial would drown the report
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    cache: dict[str, dict[str, Any] | None] = {}
-
-    def fetch(run_id: str) -> dict[str, Any] | None:
-        if run_id not in cache:
-            cache[run_id] = None
-            if run_id:
-                try:
-                    with tempfile.TemporaryDirectory() as tmp:
-                        cache[run_id] = json.loads(Path(client.download_artifacts(run_id, ARTIFACT, tmp)).read_text())
-                except Exception:  # no artifact (a run from before per-example scores, or a task without them)
-                    cache[run_id] = None
-        return cache[run_id]
-
-    return fetch
 
 
 def difference(a: dict[str, Any], b: dict[str, Any], metric: str, fetch: Fetch) -> PairedDifference | None:

@@ -8,7 +8,6 @@ without a verdict (an older or unconstrained study) counts as feasible. Pruned t
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -18,7 +17,8 @@ import optuna
 from paretolab.errors import ConfigError
 from paretolab.models import quality_note
 from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
-from paretolab.results.noise import QUALITY, artifact_reader, mark_indistinguishable
+from paretolab.results.noise import QUALITY, mark_indistinguishable
+from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
 from paretolab.study.constraints import REASON
@@ -30,23 +30,12 @@ class FrontierRows(list):  # type: ignore[type-arg]
     constraints: list[str] = []
 
 
-def load_study(name: str, stores: Stores) -> optuna.Study:
-    """Study ``name``, read only: a missing store is an error, never created."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if not exists(stores.optuna_url):
-        raise ConfigError(f"no study {name!r}: nothing has run with these stores yet (no {sqlite_file(stores.optuna_url)}); "
-                          "check --home / --storage, or run its pipeline first")
-    storage = optuna_storage(stores, create=False)
-    try:
-        return guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=name, storage=storage))
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"no study {name!r} in {stores.redacted().optuna_url}{hint} (studies: {', '.join(names) or 'none'})") from None
+def load_study(name: str, stores: Stores | Source) -> optuna.Study:
+    """Study ``name``, read only: a missing store is an error, never created; from bundles when given a BundleSource."""
+    return source_of(stores).study(name)
 
 
-def frontier_rows(name: str, stores: Stores) -> FrontierRows:
+def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
     """The non-dominated feasible complete trials with their objective values and parameters (``feasible: true``),
     then the infeasible trials that the frontier would have without the constraints (``feasible: false`` and
     ``infeasible_because``). ``.constraints``: the study's bounds in words ([] without constraints)."""
@@ -74,28 +63,23 @@ def _frontier_row(trial: optuna.trial.FrozenTrial, objectives: list[list[str]]) 
     return row
 
 
-def study_quality_note(name: str, stores: Stores) -> str:
+def study_quality_note(name: str, stores: Stores | Source) -> str:
     """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
     attrs = load_study(name, stores).user_attrs
     return quality_note(str(attrs.get("model", "")), attrs.get("pipeline") or {})
 
 
-def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores) -> None:
+def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores | Source) -> None:
     """``row["noise"]``: frontier neighbours whose quality objective is within noise of this row's."""
     quality = [m for m in objectives if m in QUALITY]
     if not quality or len(rows) < 2:
         return
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    source = source_of(stores)
     views = []
-    for row in rows:
-        try:  # the logged intervals, for trials without per-example scores
-            logged = dict(client.get_run(row["mlflow_run_id"]).data.metrics) if row["mlflow_run_id"] else {}
-        except Exception:
-            logged = {}
+    for row in rows:  # the logged intervals, for trials without per-example scores
+        logged = source.run_metrics(row["mlflow_run_id"])
         views.append({**logged, **{k: v for k, v in row.items() if k != "params"}, "run_id": row["mlflow_run_id"]})
-    mark_indistinguishable(views, quality, artifact_reader(stores.tracking_uri))
+    mark_indistinguishable(views, quality, source.per_example())
     for row, view in zip(rows, views):
         row["noise"] = view["noise"]
 
@@ -182,21 +166,13 @@ def _params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={short_number(v)}" for k, v in params.items())
 
 
-def trial_table(name: str, stores: Stores) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+def trial_table(name: str, stores: Stores | Source) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
     """(objectives, rows): every complete trial with its method label, all MLflow metrics, and its verdict
     (``feasible``, ``infeasible_because``: "" when feasible) under the study's constraints."""
-    from mlflow.tracking import MlflowClient
-
-    study = load_study(name, stores)
+    source = source_of(stores)
+    study = source.study(name)
     objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]
-    experiment = None
-    if exists(stores.tracking_uri):
-        client = guarded("MLflow", stores.tracking_uri, lambda: MlflowClient(tracking_uri=stores.tracking_uri))
-        experiment = guarded("MLflow", stores.tracking_uri, lambda: client.get_experiment_by_name(name))
-    runs = {}
-    if experiment is not None:
-        for run in client.search_runs([experiment.experiment_id], "tags.`paretolab.role` = 'trial'", max_results=50_000):
-            runs[int(run.data.tags["paretolab.trial_number"])] = run
+    runs = source.trial_runs(name)
     rows = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         run = runs.get(trial.number)
@@ -224,7 +200,7 @@ def method_label(params: dict[str, str]) -> str:
     return "+".join(methods) or "none"
 
 
-def method_frontiers(name: str, stores: Stores) -> list[dict[str, Any]]:
+def method_frontiers(name: str, stores: Stores | Source) -> list[dict[str, Any]]:
     """Each method's own Pareto set on the study's objectives, over its feasible trials: the cross-method comparison."""
     return per_method(*trial_table(name, stores), frontier=True)
 

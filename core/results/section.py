@@ -16,7 +16,7 @@ from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
 from paretolab.results.claims import claims_lines, trial_label
 from paretolab.results.frontier import CONSTRAINTS, frontier_lines
-from paretolab.results.noise import QUALITY, artifact_reader, quality_cells
+from paretolab.results.noise import QUALITY, quality_cells
 from paretolab.results.replicates import baseline_finder, named_params, report_replicates
 from paretolab.results.read import (
     load_study,
@@ -25,19 +25,20 @@ from paretolab.results.read import (
     study_quality_note,
     trial_table,
 )
+from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.study.constraints import REASON
 from paretolab.study.report_spec import claims_from
 from paretolab.training.checkpoints import RECORD, trained_dir
-from paretolab.training.curves import mlflow_reader
 
 
-def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bool = True) -> str:
+def study_section(name: str, stores: Stores | Source, metrics: list[str], *, frontier: bool = True) -> str:
     """One study as Markdown: what ran (model, task, trial counts) and the method-vs-baseline table.
 
     Metric columns that no trial reported are left out. When the study has an unmodified-model
     trial (method ``none``), each row's first objective is also given relative to it.
     """
+    stores = source_of(stores)  # one source for every read below (its per-example scores are fetched once)
     study = load_study(name, stores)
     objectives, rows = trial_table(name, stores)
     states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -60,6 +61,7 @@ def study_section(name: str, stores: Stores, metrics: list[str], *, frontier: bo
         + ", ".join(f"{m} ({d})" for m, d in objectives)
         + f"; {len(rows)} complete trial(s), {failed} failed" + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
         "",
+        *_ran(name, stores, study),
         *_provenance(rows),
         *_trained_base(str(study.user_attrs.get("model", ""))),
     ]
@@ -121,6 +123,19 @@ def constraint_lines(constraints: list[str], objectives: list[tuple[str, str]], 
     return [text, ""]
 
 
+def _ran(name: str, source: Source, study: optuna.Study) -> list[str]:
+    """When the trials ran, with which paretolab and on which machine, as the trials recorded it."""
+    from paretolab.results.bundle import run_provenance
+
+    dates = [d.isoformat() for t in study.get_trials(deepcopy=False) for d in (t.datetime_start, t.datetime_complete) if d is not None]
+    prov = run_provenance(dates, list(source.trial_runs(name).values()), study.user_attrs.get("model"))
+    if not prov["trials_from"]:
+        return []
+    code = ", ".join(prov["code_versions"]) or "a paretolab that did not record its version"
+    machine = "; ".join(prov["machines"]) or "a machine the trials did not record"
+    return [f"Ran {prov['trials_from'][:16].replace('T', ' ')} – {prov['trials_to'][:16].replace('T', ' ')} UTC with paretolab {code} on {machine}.", ""]
+
+
 def _papers_claim(pipeline: dict[str, Any]) -> list[str]:
     """The pipeline's ``description`` (what the paper claims and against which baselines), when it has one."""
     text = " ".join(str(pipeline.get("description") or "").split())
@@ -141,14 +156,13 @@ def _trained_base(model: str) -> list[str]:
             f"{record.get('corpus', '?')} (seed {record.get('seed', '?')}){loss_text}; saved {record.get('saved_at', '?')}.", ""]
 
 
-def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], stores: Stores) -> list[str]:
+def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], source: Source) -> list[str]:
     """The pipeline's claims with their verdicts from the stored trials (nothing when it has none)."""
     metrics = registries().metrics
     claims = claims_from(pipeline, {m.name: m.direction for m in metrics})
     if not claims:
         return []
-    return claims_lines(claims, claim_trials(pipeline, rows), mlflow_reader(stores.tracking_uri), artifact_reader(stores.tracking_uri),
-                        metric_bounds)
+    return claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds)
 
 
 def claim_trials(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -277,13 +291,13 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _with_uncertainty(shown: list[dict[str, Any]], columns: list[str], stores: Stores, replicates: tuple[str, ...],
+def _with_uncertainty(shown: list[dict[str, Any]], columns: list[str], source: Source, replicates: tuple[str, ...],
                       baseline_of: Callable[[dict[str, Any]], Any]) -> tuple[list[str], list[str]]:
     """Quality cells with their interval, a paired difference to the unmodified model and the sample size."""
     quality = [c for c in columns if c in QUALITY]
     if not quality:
         return columns, []
-    added = quality_cells(shown, baseline_of, quality, artifact_reader(stores.tracking_uri))
+    added = quality_cells(shown, baseline_of, quality, source.per_example())
     out = list(columns)
     for column in added:  # each difference right after its metric
         metric = column[1:].split(" ", 1)[0]

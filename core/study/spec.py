@@ -84,13 +84,7 @@ class StudySpec:
 
     def pipeline_hash(self) -> str:
         """Identity of what decides the study's results: not its description, resources, trial count or timeout."""
-        data = json.loads(json.dumps(self.raw, sort_keys=True, default=str))
-        for key in HASH_IGNORES_TOP:
-            data.pop(key, None)
-        search = data.get("search")
-        for key in HASH_IGNORES_SEARCH if isinstance(search, dict) else ():
-            search.pop(key, None)
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        return pipeline_hash(self.raw)
 
     def legacy_pipeline_hash(self) -> str:
         """The hash studies created before the pipeline hash ignored description and resources (only `trials` left out)."""
@@ -104,6 +98,17 @@ class StudySpec:
 
     def methods(self) -> list[str]:
         return sorted({o.method for s in self.stages for o in s.options})
+
+
+def pipeline_hash(raw: dict[str, Any]) -> str:
+    """The hash of a pipeline as read (``StudySpec.pipeline_hash``); the results targets compare it without validating."""
+    data = json.loads(json.dumps(raw, sort_keys=True, default=str))
+    for key in HASH_IGNORES_TOP:
+        data.pop(key, None)
+    search = data.get("search")
+    for key in HASH_IGNORES_SEARCH if isinstance(search, dict) else ():
+        search.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "claims", "frontiers",

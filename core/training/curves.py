@@ -5,7 +5,7 @@ The ``train`` stage stores a trial's curve twice: the ``learning_curve.json`` ar
 cumulative tokens and FLOPs across train stages) and the MLflow metric histories
 ``curve.val_loss`` / ``curve.train_loss`` with step = cumulative tokens. The artifact is read
 first (it has FLOPs); the histories are the fallback (tokens only). How the bytes are fetched is
-the caller's: the report goes through ``MlflowClient``, the dashboard reads its stores read-only.
+the caller's: the report goes through its source (stores or bundles, ``results.source``), the dashboard reads its stores read-only.
 """
 
 from __future__ import annotations
@@ -92,33 +92,6 @@ def read_curve(artifact: Callable[[], bytes | None], histories: Callable[[], dic
         return from_histories(histories())
     except Exception:
         return None
-
-
-def mlflow_reader(tracking_uri: str) -> Callable[[str], Curve | None]:
-    """run id -> its :class:`Curve` through ``MlflowClient`` (the report's path), each run read once."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    cache: dict[str, Curve | None] = {}
-
-    def artifact(run_id: str) -> bytes:
-        with tempfile.TemporaryDirectory() as tmp:
-            return Path(client.download_artifacts(run_id, ARTIFACT, tmp)).read_bytes()
-
-    def histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
-        return {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in HISTORIES}
-
-    def read(run_id: str) -> Curve | None:
-        if run_id not in cache:
-            cache[run_id] = read_curve(lambda: artifact(run_id), lambda: histories(run_id)) if run_id else None
-        return cache[run_id]
-
-    return read
 
 
 def _number(value: Any) -> float:

@@ -1,0 +1,157 @@
+"""`paretolab bundle` (a study's record in one file) and `paretolab results` (the results documents from bundles)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from paretolab.cli.common import stores_from_flags
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    if args.bundle_command == "export":
+        from paretolab.results.bundle import check_output
+        from paretolab.results.bundle_stores import export_bundle
+
+        out = check_output(Path(args.out))  # before any store is read
+        written = export_bundle(args.studies, stores_from_flags(args), out)
+        print(f"wrote {out}: " + ", ".join(f"{name} ({n} trials)" for name, n in written.items()))
+        return 0
+    from paretolab.results.bundle_stores import import_bundle
+
+    done = import_bundle(Path(args.file), stores_from_flags(args, create=True), rename=args.as_name)
+    print(f"imported {args.file}: " + ", ".join(f"{name} ({n} trials)" for name, n in done.items()))
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from paretolab.results.documents import documents_for, read_manifest
+
+    root = Path(args.root).resolve()
+    docs = documents_for(read_manifest(root), args.families)
+    if args.results_command == "status":
+        return _status(root, docs)
+    if args.results_command == "render":
+        return _render(root, docs, check=args.check)
+    return _run(root, docs, args)
+
+
+def _status(root: Path, docs: list) -> int:
+    from paretolab.results.documents import expected_minutes, study_state
+
+    for doc in docs:
+        print(f"{doc.path} ({doc.family}):")
+        for study in doc.studies:
+            state, why = study_state(root, study)
+            minutes = expected_minutes(root, study)
+            took = f", took {minutes:.0f} min" if minutes is not None else ""
+            timed = " [timed: run alone]" if study in doc.timed else ""
+            print(f"  {state:8s} {study}{timed}{took}" + (f" — {why}" if why else ""))
+    return 0
+
+
+def _render(root: Path, docs: list, *, check: bool) -> int:
+    from paretolab.results.documents import LEGACY_BANNER, bundle_path, render_document
+    from paretolab.results.source import BundleSource
+
+    stale = []
+    for doc in docs:
+        source = BundleSource([p for p in (bundle_path(root, s) for s in doc.studies) if p.is_file()])
+        target = root / doc.path
+        if not source.names():  # not one study rerun yet: the old document stays, saying it is stale
+            old = target.read_text(encoding="utf-8") if target.is_file() else ""
+            if old.startswith(LEGACY_BANNER):
+                if not check:
+                    print(f"left {doc.path} as it is: none of its studies has a bundle yet (it says so at its top)")
+            elif check:
+                stale.append(f"{doc.path} (no bundle yet, and it does not open with the stale-document banner)")
+            else:
+                target.write_text(f"{LEGACY_BANNER}\n\n{old}", encoding="utf-8")
+                print(f"marked {doc.path} stale: none of its studies has a bundle yet")
+            continue
+        text = render_document(doc, source)
+        if check:
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                stale.append(doc.path)
+            continue
+        target.write_text(text, encoding="utf-8")
+        print(f"wrote {doc.path} ({len(source.names())} of {len(doc.studies)} studies from bundles)")
+    if stale:
+        print("paretolab: stale results document(s), not what their bundles render: " + ", ".join(stale)
+              + "; run `make results-docs` and commit the result", file=sys.stderr)
+        return 1
+    if check:
+        print(f"{len(docs)} results document(s) are what their bundles render")
+    return 0
+
+
+def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
+    """Run each study whose bundle is missing or stale, one at a time, and write its bundle as soon as it finishes."""
+    from paretolab.errors import ConfigError
+    from paretolab.results.bundle_stores import export_bundle
+    from paretolab.results.documents import bundle_path, expected_minutes, study_state
+    from paretolab.stores import resolve_stores
+
+    home = Path(args.home or root / "results" / ".store")
+    stores = resolve_stores(home=str(home))
+    todo = [(doc, s) for doc in docs for s in doc.studies if study_state(root, s)[0] != "current"]
+    if args.untimed:
+        skipped = [s for doc, s in todo if s in doc.timed]
+        todo = [(doc, s) for doc, s in todo if s not in doc.timed]
+        if skipped:
+            print(f"--untimed: leaving {len(skipped)} timed stud{'y' if len(skipped) == 1 else 'ies'} for an idle machine: {', '.join(skipped)}")
+    if not todo:
+        print("every bundle is current: nothing to run (`paretolab results render` writes the documents)")
+        return 0
+    known = [m for _, s in todo if (m := expected_minutes(root, s)) is not None]
+    print(f"{len(todo)} stud{'y' if len(todo) == 1 else 'ies'} to run into {home}: " + ", ".join(s for _, s in todo))
+    print(f"expected duration: {sum(known):.0f} min for the {len(known)} with an earlier bundle" if known
+          else "expected duration: unknown (no earlier bundle); each study prints its trial count and progress as it runs")
+    if any(s in doc.timed for doc, s in todo):
+        print("timed studies among them: run this on an otherwise idle machine (their timings rank trials or feed claims)")
+    if args.dry_run:
+        return 0
+    prepared: set[str] = set()
+    bin_dir = Path(sys.executable).parent
+    for doc, study in todo:
+        for command in doc.prepare:
+            if command not in prepared:
+                print(f"prepare: {command}", flush=True)
+                prepared.add(command)
+                _call([str(bin_dir / command.split()[0]), *command.split()[1:]], root)
+        state, why = study_state(root, study)
+        if state == "stale":
+            _forget(root, stores, study, why)
+        start = time.monotonic()
+        print(f"run {study} ({'timed' if study in doc.timed else 'untimed'})", flush=True)
+        code = _call([str(bin_dir / "paretolab"), "run", str(root / "pipelines" / f"{study}.yaml"), "--resume", "--home", str(home),
+                      *(["--no-progress"] if args.no_progress else [])], root)
+        if code != 0:
+            raise ConfigError(f"study {study} stopped with exit code {code}; `paretolab results run {doc.family}` resumes it")
+        out = bundle_path(root, study)
+        written = export_bundle([study], stores, out)
+        print(f"wrote {out.relative_to(root)} ({written[study]} trials, {(time.monotonic() - start) / 60:.1f} min); commit it", flush=True)
+    return 0
+
+
+def _forget(root: Path, stores: object, study: str, why: str) -> None:
+    """A study in the results store from another pipeline: removed, so that the rerun starts it afresh."""
+    from paretolab.errors import ConfigError
+    from paretolab.results.read import load_study
+    from paretolab.stores.remove import remove_study
+    from paretolab.study.spec import load_spec
+
+    try:
+        stored = load_study(study, stores).user_attrs.get("pipeline_hash")  # type: ignore[arg-type]
+    except ConfigError:
+        return  # not in the store: the run creates it
+    if not load_spec(root / "pipelines" / f"{study}.yaml").matches_hash(stored):
+        print(f"{study}: the results store holds it from another pipeline ({why}); starting it afresh")
+        remove_study(stores, study)  # type: ignore[arg-type]
+
+
+def _call(argv: list[str], cwd: Path) -> int:
+    return subprocess.run(argv, check=False, cwd=cwd).returncode

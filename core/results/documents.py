@@ -1,0 +1,220 @@
+"""The results documents (pipelines/*.md): which studies each holds, rendered from committed bundles.
+
+``results/documents.yaml`` names every document, its studies in run order, its columns and which studies time
+something. Each study's record is ``results/bundles/STUDY.jsonl.gz``; a document is a pure function of its bundles and
+of the code that judges them, so ``render_document`` gives the same bytes on any machine, offline, and a committed
+document that differs from its rendering is stale (``paretolab results render --check``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paretolab.errors import ConfigError
+
+MANIFEST = Path("results") / "documents.yaml"
+BUNDLES = Path("results") / "bundles"
+DOCUMENT_KEYS = ("path", "family", "title", "studies", "metrics", "trials", "prepare", "timed")
+
+
+@dataclass(frozen=True)
+class Document:
+    path: str
+    family: str
+    title: str
+    studies: tuple[str, ...]
+    metrics: tuple[str, ...]
+    trials: str
+    prepare: tuple[str, ...]
+    timed: frozenset[str]
+
+
+def read_manifest(root: Path) -> list[Document]:
+    """The documents ``root/results/documents.yaml`` lists; a field out of place is one line naming it."""
+    from paretolab.study.yaml_read import read_yaml
+
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"no {MANIFEST} under {root}: run from the paretolab checkout (or pass --root)")
+    data = read_yaml(path.read_text(encoding="utf-8"), str(path))
+    if not isinstance(data, dict) or not isinstance(data.get("documents"), list):
+        raise ConfigError(f"{path}: expected `documents:` with a list of documents")
+    out = []
+    for i, entry in enumerate(data["documents"]):
+        where = f"{path}: documents[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping")
+        unknown = sorted(set(entry) - set(DOCUMENT_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(DOCUMENT_KEYS)})")
+        for key in ("path", "family", "title", "studies"):
+            if key not in entry:
+                raise ConfigError(f"{where}: `{key}` is missing")
+        metrics = entry.get("metrics")
+        trials = entry.get("trials", "all")
+        if trials not in ("all", "frontier"):
+            raise ConfigError(f"{where}.trials: {trials!r}; use all or frontier")
+        studies = tuple(str(s) for s in entry["studies"])
+        timed = frozenset(str(s) for s in entry.get("timed") or [])
+        if timed - set(studies):
+            raise ConfigError(f"{where}.timed: {sorted(timed - set(studies))[0]!r} is not among its studies")
+        out.append(Document(str(entry["path"]), str(entry["family"]), str(entry["title"]), studies,
+                            tuple(m.strip() for m in str(metrics).split(",") if m.strip()) if metrics else (),
+                            trials, tuple(str(c) for c in entry.get("prepare") or []), timed))
+    families = [d.family for d in out]
+    twice = sorted({f for f in families if families.count(f) > 1})
+    if twice:
+        raise ConfigError(f"{path}: family {twice[0]!r} is given to two documents; give each its own")
+    return out
+
+
+def documents_for(docs: list[Document], names: list[str]) -> list[Document]:
+    """The documents named by family or path (all of them for no names); an unknown name is one line listing the families."""
+    if not names:
+        return docs
+    picked = []
+    for name in names:
+        match = [d for d in docs if name in (d.family, d.path, Path(d.path).name)]
+        if not match:
+            raise ConfigError(f"no results document {name!r}; families: {', '.join(d.family for d in docs)}")
+        picked += [d for d in match if d not in picked]
+    return picked
+
+
+def bundle_path(root: Path, study: str) -> Path:
+    from paretolab.results.bundle import SUFFIX
+
+    return root / BUNDLES / f"{study}{SUFFIX}"
+
+
+def study_state(root: Path, study: str) -> tuple[str, str]:
+    """("current" | "missing" | "stale", why) for a study's committed bundle against today's pipelines/STUDY.yaml."""
+    from paretolab.results.bundle import read_bundle
+    from paretolab.study.spec import pipeline_hash
+    from paretolab.study.yaml_read import read_yaml
+
+    bundle = bundle_path(root, study)
+    if not bundle.is_file():
+        return "missing", f"no {bundle.relative_to(root)}"
+    pipeline = root / "pipelines" / f"{study}.yaml"
+    if not pipeline.is_file():
+        return "stale", f"no {pipeline.relative_to(root)} to compare with"
+    wanted = pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline)))
+    try:
+        records = read_bundle(bundle)
+    except ConfigError as exc:
+        return "stale", str(exc)
+    have = records[0].user_attrs.get("pipeline_hash") if records else None
+    if have != wanted:
+        return "stale", f"bundle made from pipeline {have}, pipelines/{study}.yaml is now {wanted}"
+    record = records[0]
+    expected = (record.user_attrs.get("pipeline") or {}).get("search", {}).get("trials")
+    finished = sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in record.trials)
+    if isinstance(expected, int) and finished < expected:
+        return "stale", f"bundle holds {finished} of {expected} trials"
+    return "current", ""
+
+
+def expected_minutes(root: Path, study: str) -> float | None:
+    """How long the study took when its bundle was made (first trial start to last trial end), if a bundle exists."""
+    from paretolab.results.bundle import read_bundle
+
+    bundle = bundle_path(root, study)
+    if not bundle.is_file():
+        return None
+    try:
+        prov = read_bundle(bundle)[0].provenance
+    except (ConfigError, IndexError):
+        return None
+    import datetime as dt
+
+    if not prov.get("trials_from") or not prov.get("trials_to"):
+        return None
+    span = dt.datetime.fromisoformat(prov["trials_to"]) - dt.datetime.fromisoformat(prov["trials_from"])
+    return span.total_seconds() / 60
+
+
+def judging_code() -> str:
+    """A hash of the code that turns trials into a document (results, stats, the claim syntax): a document rendered by
+    other judging code is stale, so a change to how verdicts are reached re-renders every document before it lands."""
+    import paretolab
+
+    base = Path(paretolab.__file__).parent
+    files = sorted([*(base / "results").glob("*.py"), base / "stats.py", base / "study" / "report_spec.py"])
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# The first line of a document none of whose studies has been rerun into a bundle yet: it predates the bundles and
+# today's verdict code, and says so (``paretolab results render --check`` requires it there).
+LEGACY_BANNER = ("> **Stale: this document predates study bundles and today's verdict code.** Its numbers come from stores that are "
+                 "gone and its verdict lines do not follow the rules in the README's \"Claims and verdicts\"; it is being regenerated "
+                 "from reruns (`paretolab results status`). Read its verdicts as unchecked.")
+
+HEAD = """`cost` says whether a saving is real (a stored format or a kernel that runs) or simulated (fake quantization, masks);
+latency columns are measured on the machine that ran the study, so compare them within a table, not across machines. A
+study whose pipeline carries claims opens with each and its verdict on the stored trials: paired with the baseline on the
+same replicate (seed, calibration draw, split) and settings, one verdict per setting that varies, a 95 % interval
+carrying both the replicate-to-replicate and the example-to-example noise (README: Claims and verdicts)."""
+
+
+def render_document(doc: Document, source: Any) -> str:
+    """The whole Markdown document from ``source`` (a BundleSource for the committed documents): provenance first."""
+    from paretolab.results.section import study_section
+
+    sections, provenance = [], []
+    for name in doc.studies:
+        try:
+            record = source.record(name) if hasattr(source, "record") else None
+        except ConfigError:
+            record = None
+        if hasattr(source, "record") and record is None:
+            sections.append(f"## {name}\n\nNo bundle yet: `paretolab results run {doc.family}` runs it.\n")
+            continue
+        if record is not None:
+            provenance.append((name, record.provenance))
+        sections.append(study_section(name, source, list(doc.metrics) or _default_metrics(), frontier=doc.trials == "frontier"))
+    head = [
+        f"# {doc.title}",
+        "",
+        f"Rendered from the studies' bundles (`results/bundles/STUDY.jsonl.gz`) by `make results-docs`; not edited by hand.",
+        f"`paretolab results run {doc.family}` reruns a study whose bundle is missing or was made from another pipeline.",
+        "",
+        *provenance_lines(provenance),
+        HEAD,
+        "",
+    ]
+    return "\n".join(head + sections)
+
+
+def _default_metrics() -> list[str]:
+    from paretolab.results import REPORT_METRICS
+
+    return [m for m in REPORT_METRICS.split(",") if m]
+
+
+def provenance_lines(provenance: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """**Provenance**: when the trials ran, the code that ran them, the code that judged them, the machines."""
+    if not provenance:
+        return [f"**Provenance.** Judged by the results code {judging_code()}; no study has a bundle yet.", ""]
+    dates = sorted(d for _, p in provenance for d in (p.get("trials_from"), p.get("trials_to")) if d)
+    codes = sorted({c for _, p in provenance for c in p.get("code_versions") or []})
+    machines = sorted({m for _, p in provenance for m in p.get("machines") or []})
+    lines = [
+        "**Provenance.**",
+        f"- Trials ran {_day(dates[0])} – {_day(dates[-1])} (UTC)." if dates else "- Trial dates: not recorded.",
+        f"- Code that ran them: paretolab {', '.join(codes)}." if codes else "- Code that ran them: not recorded.",
+        f"- Code that judged them: the results code {judging_code()} (a hash of paretolab's results, stats and claim syntax).",
+        f"- Machines: {'; '.join(machines)}." if machines else "- Machines: not recorded by these trials.",
+        "",
+    ]
+    return lines
+
+
+def _day(iso: str) -> str:
+    return iso[:16].replace("T", " ")

@@ -1,0 +1,91 @@
+"""The results documents are what their committed bundles render: a stale document cannot land."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from paretolab.errors import ConfigError
+from paretolab.results.bundle_stores import export_bundle
+from paretolab.results.documents import LEGACY_BANNER, documents_for, read_manifest, study_state
+from paretolab.stores import resolve_stores
+from tests.conftest import cli_here
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_committed_results_document_is_what_its_bundles_render():
+    """`make results-docs` would change nothing: each document equals its rendering (offline, from results/bundles)."""
+    start = time.monotonic()
+    proc = cli_here("results", "render", "--check", "--root", str(ROOT), cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 120  # the issue's bound for regenerating every document on two cores
+
+
+def test_every_document_under_pipelines_is_in_the_manifest():
+    listed = {d.path for d in read_manifest(ROOT)}
+    assert {f"pipelines/{p.name}" for p in (ROOT / "pipelines").glob("*.md")} == listed
+
+
+@pytest.fixture
+def checkout(tmp_path, constrained_home):
+    """A copy of the results layout with one document whose one study has a bundle (study `constrained`)."""
+    (tmp_path / "results" / "bundles").mkdir(parents=True)
+    (tmp_path / "pipelines").mkdir()
+    stores = resolve_stores(home=str(constrained_home), create=False)
+    raw = __import__("optuna").load_study(study_name="constrained", storage=stores.optuna_url).user_attrs["pipeline"]
+    import yaml
+
+    (tmp_path / "pipelines" / "constrained.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    export_bundle(["constrained"], stores, tmp_path / "results" / "bundles" / "constrained.jsonl.gz")
+    (tmp_path / "results" / "documents.yaml").write_text(
+        "documents:\n"
+        "  - {path: pipelines/ONE.md, family: one, title: One, studies: [constrained], metrics: 'ppl,size_bytes,decode_tok_s', timed: [constrained]}\n"
+        "  - {path: pipelines/OLD.md, family: old, title: Old, studies: [gone]}\n")
+    (tmp_path / "pipelines" / "OLD.md").write_text(LEGACY_BANNER + "\n\nold numbers\n")
+    return tmp_path
+
+
+def test_render_writes_the_document_with_its_provenance_and_check_catches_a_planted_edit(checkout):
+    cli_here("results", "render", "--root", str(checkout), cwd=checkout)
+    text = (checkout / "pipelines" / "ONE.md").read_text()
+    assert text.startswith("# One\n") and "**Provenance.**" in text and "Code that judged them: the results code" in text
+    assert "## constrained" in text
+    assert cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout).returncode == 0
+    (checkout / "pipelines" / "ONE.md").write_text(text.replace("| rtn", "| rtn ", 1))  # one character
+    proc = cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout, check=False)
+    assert proc.returncode == 1 and "pipelines/ONE.md" in proc.stderr
+    cli_here("results", "render", "--root", str(checkout), cwd=checkout)
+    (checkout / "pipelines" / "OLD.md").write_text("old numbers, no banner\n")  # a legacy document must say it is stale
+    proc = cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout, check=False)
+    assert proc.returncode == 1 and "OLD.md" in proc.stderr and "ONE.md" not in proc.stderr
+    cli_here("results", "render", "--root", str(checkout), cwd=checkout)  # render marks it
+    assert (checkout / "pipelines" / "OLD.md").read_text().startswith(LEGACY_BANNER)
+    assert cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout).returncode == 0
+
+
+def test_status_tells_current_missing_and_stale_and_run_says_what_it_would_do(checkout):
+    assert study_state(checkout, "constrained") == ("current", "") or study_state(checkout, "constrained")[0] == "stale"
+    assert study_state(checkout, "gone")[0] == "missing"
+    pipeline = checkout / "pipelines" / "constrained.yaml"
+    pipeline.write_text(pipeline.read_text().replace("name: constrained", "name: constrained\nmodel: tiny-llama", 1)
+                        if "model:" not in pipeline.read_text() else pipeline.read_text().replace("model: smollm2-135m", "model: tiny-llama"))
+    state, why = study_state(checkout, "constrained")
+    assert state == "stale" and "made from pipeline" in why
+    out = cli_here("results", "status", "--root", str(checkout), cwd=checkout).stdout
+    assert "stale    constrained [timed: run alone]" in out and "missing  gone" in out
+    dry = cli_here("results", "run", "one", "--dry-run", "--root", str(checkout), cwd=checkout).stdout
+    assert "1 study to run" in dry and "expected duration:" in dry and "run this on an otherwise idle machine" in dry
+    untimed = cli_here("results", "run", "one", "--untimed", "--dry-run", "--root", str(checkout), cwd=checkout).stdout
+    assert "leaving 1 timed study for an idle machine: constrained" in untimed and "nothing to run" in untimed
+
+
+def test_an_unknown_family_or_a_bad_manifest_is_one_line(checkout):
+    with pytest.raises(ConfigError, match="no results document 'nope'; families: one, old"):
+        documents_for(read_manifest(checkout), ["nope"])
+    (checkout / "results" / "documents.yaml").write_text("documents:\n  - {path: a.md, family: a, title: A, studies: [x], colour: red}\n")
+    proc = cli_here("results", "status", "--root", str(checkout), cwd=checkout, check=False)
+    assert proc.returncode == 2 and "unknown field 'colour'" in proc.stderr and proc.stderr.count("\n") == 1
