@@ -77,8 +77,26 @@ DERIVED = {"ppl": ("nll", "exp"), "rmse": ("sq_err", "root")}
 LEGACY_KEYS = {"acc": "correct", "log_loss": "nll"}
 
 
+def merge_per_example(existing: str, added: str) -> str:
+    """Two ``per_example.json`` texts of one trial as one: the scores side by side when both score the same units (same
+    unit and count), else both payloads as ``parts`` (a task's windows and a method's problems): no score is lost."""
+    old, new = json.loads(existing), json.loads(added)
+    parts = old.get("parts", [old])
+    for part in parts:
+        if part.get("unit") == new.get("unit") and part.get("n") == new.get("n") and part.get("weights") == new.get("weights"):
+            part["scores"] = {**part.get("scores", {}), **new.get("scores", {})}
+            break
+    else:
+        parts.append(new)
+    return json.dumps(parts[0] if len(parts) == 1 else {"parts": parts})
+
+
 def samples(payload: dict[str, Any], metric: str) -> Samples | None:
-    """``metric``'s per-unit scores from a ``per_example.json`` payload; None when it has none."""
+    """``metric``'s per-unit scores from a ``per_example.json`` payload (or the part of it holding them); None when it has none."""
+    for part in payload.get("parts", []):
+        found = samples(part, metric)
+        if found is not None:
+            return found
     scores = payload.get("scores", {})
     key, how = DERIVED.get(metric, (metric, ""))
     if not scores.get(key) and metric in LEGACY_KEYS and payload.get("unit") == "row":

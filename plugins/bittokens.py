@@ -32,6 +32,7 @@ from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.metrics import Metric
 from paretolab.plugin_api.subject import Subject
+from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.training.arithmetic import OPS, Problem, numeric_problems
 from paretolab.training.hooks import TrainingHook, training_of
 
@@ -48,6 +49,7 @@ PAPER = Paper("BitTokens: Efficient Numeracy in Language Models through Single-T
 METRICS = (
     Metric("exact_acc", "fraction", "maximize", "bittokens: held-out numeric-val problems whose greedy answer is exactly right, all four ops"),
     *(Metric(f"exact_acc_{op}", "fraction", "maximize", f"bittokens: exact-answer accuracy on held-out {op} problems") for op in OPS),
+    Metric("exact_acc_stderr", "fraction", "minimize", "bittokens: standard error of exact_acc over the problems (sample std / sqrt(n))"),
     Metric("tokens_per_problem", "tokens", "minimize", "bittokens: mean tokens of a held-out problem line (prompt, answer, newline) under the encoding"),
 )
 
@@ -255,19 +257,22 @@ class BitTokens(Method):
         if not info:
             return {}
         problems = numeric_problems(int(info["eval_problems"]), 1, heldout=True)
-        return answer_accuracy(subject, problems, encoding=str(info["encoding"]), reciprocal=bool(info["reciprocal"]))
+        out = answer_accuracy(subject, problems, encoding=str(info["encoding"]), reciprocal=bool(info["reciprocal"]))
+        right = out.pop("_right")  # per problem: stored, so exact_acc's verdicts count the problem-to-problem noise
+        ctx.add_artifact(ARTIFACT, per_example_json("problem", {"exact_acc": right}))
+        return {**out, **mean_with_stderr("exact_acc", right)}
 
 
 @torch.no_grad()
 def answer_accuracy(subject: Subject, problems: list[Problem], *, encoding: str, reciprocal: bool) -> dict[str, float]:
-    """Exact-answer accuracy per op (greedy) and mean tokens per problem line under ``encoding``."""
+    """Exact-answer accuracy per op (greedy) and mean tokens per problem line under ``encoding``; ``_right``: 1/0 per problem."""
     enc = Encoded(encoding, subject.tokenizer)
     model, device = subject.model, subject.device
     model.eval()
     prompts = [f"{p.a}{p.op}{p.b}=" for p in problems]
     right = [_answer(model, enc, prompt, p, device, reciprocal) for prompt, p in zip(prompts, problems, strict=True)] if encoding != "bits" \
         else _bits_answers(model, enc, prompts, problems, device, reciprocal)
-    out = {"exact_acc": statistics.fmean(right) if right else 0.0}
+    out: dict[str, Any] = {"exact_acc": statistics.fmean(right) if right else 0.0, "_right": list(right)}
     for name, symbol in OPS.items():
         hits = [r for r, p in zip(right, problems, strict=True) if p.op == symbol]
         out[f"exact_acc_{name}"] = statistics.fmean(hits) if hits else 0.0

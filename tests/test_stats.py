@@ -86,3 +86,19 @@ def test_a_learner_tasks_per_row_scores_resample_its_own_metrics():
     legacy = json.loads(per_example_json("row", {"nll": [0.5] * 50, "correct": hits}))
     assert samples(legacy, "acc").value() == pytest.approx(np.mean(hits)) and samples(legacy, "log_loss").value() == 0.5
     assert samples(json.loads(per_example_json("window", {"nll": [0.5]})), "log_loss") is None  # a perplexity window is no row
+
+
+def test_a_methods_per_example_scores_join_the_tasks_without_replacing_them(ctx):
+    """BitTokens scores its problems while the task scores its windows: both reach the verdicts."""
+    import json
+
+    from paretolab.stats import ARTIFACT, per_example_json, samples
+
+    ctx.add_artifact(ARTIFACT, per_example_json("window", {"nll": [2.0, 3.0]}, [10, 20]))
+    ctx.add_artifact(ARTIFACT, per_example_json("problem", {"exact_acc": [1.0, 0.0, 1.0]}))
+    ctx.add_artifact(ARTIFACT, per_example_json("problem", {"exact_acc_add": [1.0, 0.0, 0.0]}))
+    payload = json.loads((ctx.workdir / ARTIFACT).read_text())
+    assert list(samples(payload, "exact_acc").values) == [1.0, 0.0, 1.0] and samples(payload, "exact_acc").unit == "problem"
+    assert list(samples(payload, "exact_acc_add").values) == [1.0, 0.0, 0.0]
+    assert list(samples(payload, "nll").values) == [2.0, 3.0] and list(samples(payload, "nll").weights) == [10, 20]
+    assert ctx.artifacts.count(ctx.workdir / ARTIFACT) == 1  # logged once

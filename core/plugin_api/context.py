@@ -81,9 +81,19 @@ class TrialContext:
         return calibration_ids(tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=seed)
 
     def add_artifact(self, name: str, content: str | bytes) -> Path:
-        """Write a file into this trial's workdir and have it logged as an MLflow artifact."""
+        """Write a file into this trial's workdir and have it logged as an MLflow artifact.
+
+        A second ``per_example.json`` (a method scoring its own problems beside the task's windows) is merged into the
+        first (:func:`paretolab.stats.merge_per_example`), so every per-example score reaches the verdicts."""
+        from paretolab.stats import ARTIFACT, merge_per_example
+
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.workdir / name
+        if name == ARTIFACT and path.is_file():
+            text = content.decode() if isinstance(content, bytes) else content
+            content = merge_per_example(path.read_text(encoding="utf-8"), text)
+        if path in self.artifacts:
+            self.artifacts.remove(path)
         if isinstance(content, str):
             path.write_text(content, encoding="utf-8")
         else:

@@ -46,7 +46,7 @@ def test_a_pipeline_with_two_claims_reports_two_verdicts_and_the_holm_adjusted_s
     assert verdicts[0].startswith("**Verdict: held** — ppl magnitude − none = +10")
     # size ratios ×1.00, ×1.02, ×0.99: the whole interval below ×1.10
     assert verdicts[1].startswith("**Verdict: held** — size_bytes magnitude ÷ none = ×1.003 [×"), verdicts[1]
-    assert "no_worse within a margin of 10.0% (ratio) expected, judged as a ratio" in "\n".join(lines)
+    assert "no_worse within a margin of 10.0% (the ratio at most ×1.1) expected, judged as a ratio" in "\n".join(lines)
     holm_line = next(line for line in lines if line.startswith("**Holm-adjusted**"))
     assert "(2 claim(s), 2 comparison(s)" in holm_line and holm_line.count(": held") == 2, holm_line
 
@@ -65,6 +65,24 @@ def test_no_worse_and_equivalent_are_judged_against_the_margin_on_the_metrics_go
     assert one("no_worse", 0.05, [-0.10, -0.12, -0.11], better="higher") == "Verdict: did not hold"  # lower is worse here
     assert one("equivalent", 0.05, [0.01, -0.01, 0.0]) == "Verdict: held"
     assert one("equivalent", 0.05, [0.2, 0.21, 0.22]) == "Verdict: did not hold"
+
+
+def test_a_log_scale_margin_means_the_ratio_written():
+    """10 % on ``scale: log`` is method ÷ baseline within ×0.9 … ×1.1, not ±0.1 on the log (×0.905 … ×1.105)."""
+    def one(expect, ratios, better="lower"):
+        trials = []
+        for seed, r in enumerate(ratios):
+            trials += [_trial(2 * seed, "a", "m", 10.0 * r, seed=seed), _trial(2 * seed + 1, "b", "m", 10.0, seed=seed)]
+        claim = Claim("t", "m", "a", "b", expect, ("seed",), margin=0.1, scale="log", better=better)
+        return _verdicts(_lines([claim], trials))[0].split("**")[1]
+
+    # ratios ×1.1005 ± tiny: beyond ×1.1, though inside ×1.105 (what a margin of 0.1 on the log would have allowed)
+    assert one("no_worse", [1.1004, 1.1005, 1.1006]) == "Verdict: did not hold"
+    assert one("no_worse", [1.098, 1.0985, 1.099]) == "Verdict: held"
+    # lower is worse: at least ×0.9; ×0.8997 … is beyond it, though inside ×0.905's complement reading
+    assert one("no_worse", [0.8996, 0.8997, 0.8998], better="higher") == "Verdict: did not hold"
+    assert one("equivalent", [0.9004, 0.9005, 0.9006]) == "Verdict: held"  # inside ×0.9 … ×1.1 (outside ×0.905)
+    assert one("equivalent", [1.1004, 1.1005, 1.1006]) == "Verdict: did not hold"
 
 
 def test_an_arm_spanning_an_unnamed_setting_gets_one_verdict_per_setting_not_a_pooled_one():
@@ -170,3 +188,36 @@ def test_examples_that_all_agree_are_no_variation_too_and_say_so():
     verdict = _verdicts(_lines([Claim("t", "decode_ok", "pmatic", "arith_coding", "higher", ())], trials, payloads.get))[0]
     assert verdict.startswith("**Verdict: no verdict: no variation observed across 1 replicate(s) and every resample of its 3 texts** — "
                               "decode_ok pmatic − arith_coding = +1 (the same on all 1 replicate(s) and on every resample of their 3 texts)"), verdict
+
+
+def _calibrated(n, label, value, draw, **params):
+    return {**_trial(n, label, "ppl", value, **params), "run_params": {"info.calibration_draws": draw} if draw else {}}
+
+
+def test_a_calibrated_method_on_fewer_than_three_draws_gets_no_verdict():
+    """Wanda's result moves with its calibration sample: one draw per setting is no evidence about the method."""
+    claim = Claim("t", "ppl", "wanda", "magnitude", "lower", ("calib_seed",), scale="log")
+    one = [_calibrated(0, "wanda", 20.0, "pydoc seed 0, 16x256", calib_seed=0), _calibrated(1, "magnitude", 30.0, "", calib_seed=0)]
+    verdicts = _verdicts(_lines([claim], one))
+    assert verdicts[0].startswith("**Verdict: no verdict: one calibration draw on the method's side"), verdicts
+    two = one + [_calibrated(2, "wanda", 21.0, "pydoc seed 1, 16x256", calib_seed=1), _calibrated(3, "magnitude", 30.5, "", calib_seed=1)]
+    assert "no verdict: 2 calibration draws" in _verdicts(_lines([claim], two))[0]
+    three = two + [_calibrated(4, "wanda", 20.5, "pydoc seed 2, 16x256", calib_seed=2), _calibrated(5, "magnitude", 29.0, "", calib_seed=2)]
+    assert _verdicts(_lines([claim], three))[0].startswith("**Verdict: held**")
+
+
+def test_the_holm_line_says_what_each_comparisons_own_line_says():
+    """A comparison with no verdict (or within noise) is never "not held" in the Holm line; only a held one can lose."""
+    held = Claim("held", "ppl", "a", "b", "lower", ("seed",))
+    noise = Claim("noise", "ppl", "c", "b", "lower", ("seed",))
+    flat = Claim("flat", "ppl", "d", "b", "lower", ("seed",))
+    trials = []
+    for seed in range(3):
+        trials += [_trial(len(trials), "b", "ppl", 10.0 + seed, seed=seed), _trial(len(trials) + 1, "a", "ppl", 5.0 + seed * 1.01, seed=seed),
+                   _trial(len(trials) + 2, "c", "ppl", 10.0 + seed + (-1) ** seed, seed=seed), _trial(len(trials) + 3, "d", "ppl", 10.0 + seed, seed=seed)]
+    lines = _lines([held, noise, flat], trials)
+    holm_line = next(line for line in lines if line.startswith("**Holm-adjusted**"))
+    assert "`ppl` a: held" in holm_line
+    assert "`ppl` c: within noise" in holm_line
+    assert "`ppl` d: no verdict: no variation observed" in holm_line
+    assert "not held" not in holm_line
