@@ -161,6 +161,8 @@ class UPipe(Method):
         p = {**self.defaults(), **params}
         chunk_heads(subject.model, int(p["kv_heads_per_chunk"]), bool(p["recompute"]))
         subject.info["upipe"] = {"kv_heads_per_chunk": int(p["kv_heads_per_chunk"]), "recompute": bool(p["recompute"])}
+        if p["recompute"]:  # the report's equal-FLOPs lines say what the budget holds
+            subject.info["train_flops_counts"] = "the attention chunks recomputed in the backward pass (counted as training FLOPs)"
         return subject
 
 

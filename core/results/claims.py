@@ -101,7 +101,20 @@ def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | Non
     for group in groups:
         est = estimate(group.pairs, claim.metric, log=claim.scale == "log", fetch=fetch, bounds=rng)
         if est is not None:
-            yield group, est, calibration_verdict(group) or verdict(est, claim.expect, claim.better, _band(claim))
+            yield group, est, did_not_work(claim, group) or calibration_verdict(group) or verdict(est, claim.expect, claim.better, _band(claim))
+
+
+def did_not_work(claim: Claim, group: Group) -> str | None:
+    """"no verdict: the method did not work here" when the claim names a ``works`` metric (decode_ok) that some of the
+    method's trials in this setting read below 1: a cost or quality of an output that cannot be used is no evidence."""
+    if claim.works is None:
+        return None
+    seen = [m.get(claim.works) for m, _ in group.pairs]
+    failing = [v for v in seen if not isinstance(v, (int, float)) or v < 1]
+    if not failing:
+        return None
+    shown = ", ".join("not reported" if not isinstance(v, (int, float)) else f"{v:.3g}" for v in failing)
+    return f"no verdict: {claim.method} did not work here ({claim.works} = {shown}, below 1)"
 
 
 MIN_CALIBRATION_DRAWS = 3
@@ -177,11 +190,22 @@ def _equal_flops(claim: Claim, group: Group, curve: Callable[[str], Any]) -> lis
         said = f"**{verdict(est, claim.expect, claim.better, margin_band(claim.margin, claim.better, False))}** — " if claim.metric == "val_loss" else ""
         text = _difference(Claim(claim.text, "val_loss", claim.method, claim.baseline), est, group)
         return ["", f"At equal training FLOPs: {said}{text}; where budgets differ the larger budget's learning curve is read "
-                    "(linearly interpolated) at the smaller budget's `train_flops`.", ""]
+                    f"(linearly interpolated) at the smaller budget's `train_flops`. {flops_counted(group)}", ""]
     if any(_budgets_differ(m, b) for m, b in group.pairs):  # budgets differ, yet no pair gave a reading: the curves are missing
         return ["", "Budgets differ between paired trials, but their learning curves (`learning_curve.json`) are not "
                     "readable from the store: no loss at equal FLOPs.", ""]
     return []
+
+
+FLOPS_COUNT = "train_flops_counts"  # a trial's info: what its train_flops includes beyond forward + backward
+
+
+def flops_counted(group: Group) -> str:
+    """What ``train_flops`` counts on this line's trials: forward + backward per step, and anything a method added
+    (its trials' ``info.train_flops_counts``, e.g. UPipe's recomputed attention)."""
+    extra = sorted({side.get("run_params", {}).get(f"info.{FLOPS_COUNT}", "") for pair in group.pairs for side in pair} - {""})
+    counted = "forward and backward of every step" + (f", plus {'; '.join(extra)}" if extra else "")
+    return f"`train_flops` counts: {counted}."
 
 
 def equal_flops_difference(m: dict[str, Any], b: dict[str, Any], curve: Callable[[str], Any]) -> float | None:

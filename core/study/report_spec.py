@@ -16,7 +16,7 @@ from paretolab.errors import ConfigError
 from paretolab.study.fields import lookup, no_unknown
 
 FIELDS = ("text", "metric", "method", "baseline", "expect", "replicates", "pair_by", "margin", "scale",
-          "reference", "target", "tolerance")
+          "reference", "target", "tolerance", "works")
 
 
 NO_PAIR_BY = "none"  # pair_by: none (or replicates: []) - no replicate: pair on the shared parameters alone
@@ -48,6 +48,7 @@ class Claim:
     margin: float | None = None  # no_worse / equivalent: how much worse (or different) still counts as no worse
     scale: str = "linear"  # log: judge the ratio method ÷ baseline (ppl, bytes, time)
     better: str = "lower"  # the metric's good direction: lower or higher
+    works: str | None = None  # a metric that is 1 where the method did what it is for (decode_ok): below 1, no verdict there
 
     def __post_init__(self) -> None:
         if isinstance(self.replicates, str):  # the pair_by spelling: one name, or none
@@ -96,6 +97,12 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any, *, where: str = "c
     scale = raw.get("scale", "linear")
     if scale not in SCALES:
         raise ConfigError(f"{where}.scale: expected linear or log (log judges the ratio method ÷ baseline), got {scale!r}")
+    if scale == "log" and margin is not None and margin >= 1:
+        raise ConfigError(f"{where}.margin: {margin:g} with scale: log is a ratio ×(1 − {margin:g}) … ×(1 + {margin:g}), which needs a "
+                          "margin below 1 (0.1 means ×0.9 … ×1.1)")
+    works = None
+    if "works" in raw:
+        works = lookup(regs.metrics, raw["works"], f"{where}.works").name
     labels = choice_methods(stages)
     params = stage_params(stages, regs)
     if "reference" in raw and (not isinstance(raw["reference"], str) or raw["reference"] in (raw["method"], raw["baseline"])):
@@ -116,7 +123,7 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any, *, where: str = "c
     replicates = _replicates(raw, params, where)
     better = "lower" if metric.direction == "minimize" else "higher"
     return Claim(raw["text"].strip(), metric.name, raw["method"], raw["baseline"], expect, replicates, raw.get("reference"),
-                 margin=margin, scale=scale, better=better)
+                 margin=margin, scale=scale, better=better, works=works)
 
 
 def _margin(raw: dict[str, Any], expect: str, where: str) -> float | None:

@@ -221,3 +221,33 @@ def test_the_holm_line_says_what_each_comparisons_own_line_says():
     assert "`ppl` c: within noise" in holm_line
     assert "`ppl` d: no verdict: no variation observed" in holm_line
     assert "not held" not in holm_line
+
+
+def test_no_cost_verdict_where_the_method_did_not_work():
+    """PMATIC's bits at a setting where it does not decode say nothing of its cost: `works: decode_ok`."""
+    claim = Claim("t", "bpb", "pmatic", "arith", "higher", (), works="decode_ok")
+    trials = []
+    for prec, ok in (("fp32", 1.0), ("bf16", 0.25)):
+        trials += [{**_trial(len(trials), "pmatic", "bpb", 2.1, **{"s.pmatic.precision": prec}), "decode_ok": ok},
+                   {**_trial(len(trials) + 1, "arith", "bpb", 2.0, **{"s.arith.precision": prec}), "decode_ok": 1.0}]
+    claim = Claim("t", "bpb", "pmatic", "arith", "higher", (), works="decode_ok")
+    verdicts = _verdicts(_lines([claim], trials))
+    assert any("no verdict: pmatic did not work here (decode_ok = 0.25, below 1)" in v for v in verdicts), verdicts
+    assert sum("did not work" in v for v in verdicts) == 1
+
+
+def test_a_log_scale_margin_of_one_or_more_is_refused():
+    pipeline = edited(PIPELINE, "claim", {"text": "t", "metric": "size_bytes", "method": "magnitude", "baseline": "none",
+                                          "expect": "no_worse", "margin": 1.5, "scale": "log", "replicates": "none"})
+    with pytest.raises(ConfigError, match=r"claim.margin: 1.5 with scale: log .* needs a margin below 1"):
+        parse_spec(pipeline)
+
+
+def test_the_equal_flops_line_says_what_train_flops_counts():
+    from paretolab.results.claims import flops_counted
+    from paretolab.results.pairing import Group
+
+    plain = ({"run_params": {}}, {"run_params": {}})
+    upipe = ({"run_params": {"info.train_flops_counts": "the attention chunks recomputed"}}, {"run_params": {}})
+    assert flops_counted(Group((), [plain])) == "`train_flops` counts: forward and backward of every step."
+    assert flops_counted(Group((), [upipe])).endswith("plus the attention chunks recomputed.")
