@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -79,6 +80,7 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
             continue
         target.write_text(text, encoding="utf-8")
         print(f"wrote {doc.path} ({len(source.names())} of {len(doc.studies)} studies from bundles)")
+    stale += _figures(root, docs, check=check)
     if stale:
         print("paretolab: stale results document(s), not what their bundles render: " + ", ".join(stale)
               + "; run `make results-docs` and commit the result", file=sys.stderr)
@@ -86,6 +88,31 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
     if check:
         print(f"{len(docs)} results document(s) are what their bundles render")
     return 0
+
+
+def _figures(root: Path, docs: list, *, check: bool) -> list[str]:
+    """Draw the manifest's figures of the families rendered (the cross-paper frontier); with ``check``, the stale ones."""
+    from paretolab.results.crossplot import cross_points, write_cross_plot
+    from paretolab.results.documents import bundle_path, read_figures
+    from paretolab.results.source import BundleSource
+
+    stale = []
+    for figure in read_figures(root):
+        doc = next((d for d in docs if d.family == figure.family), None)
+        if doc is None:
+            continue
+        source = BundleSource([p for p in (bundle_path(root, s) for s in doc.studies) if p.is_file()])
+        points = cross_points(source, list(doc.studies), figure.model)
+        base = root / figure.out
+        if check:
+            data = base.with_suffix(".json")
+            want = {"model": figure.model, "x": "size_mb", "y": "ppl", "points": points}
+            if not data.is_file() or json.loads(data.read_text(encoding="utf-8")) != want:
+                stale.append(f"{figure.out}.json")
+            continue
+        written = write_cross_plot(points, base, figure.model)
+        print(f"wrote {', '.join(str(p.relative_to(root)) for p in written)} ({len(points)} trials)")
+    return stale
 
 
 def _run(root: Path, docs: list, args: argparse.Namespace) -> int:

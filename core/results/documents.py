@@ -71,6 +71,28 @@ def read_manifest(root: Path) -> list[Document]:
     return out
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A figure drawn from a family's bundles (the cross-paper frontier): ``out`` is a path without suffix."""
+
+    family: str
+    model: str
+    out: str
+
+
+def read_figures(root: Path) -> list[Figure]:
+    from paretolab.study.yaml_read import read_yaml
+
+    path = root / MANIFEST
+    data = read_yaml(path.read_text(encoding="utf-8"), str(path)) if path.is_file() else {}
+    out = []
+    for i, entry in enumerate((data or {}).get("figures") or []):
+        if not isinstance(entry, dict) or set(entry) != {"family", "model", "out"}:
+            raise ConfigError(f"{path}: figures[{i}]: expected {{family, model, out}}, got {entry!r}")
+        out.append(Figure(str(entry["family"]), str(entry["model"]), str(entry["out"])))
+    return out
+
+
 def documents_for(docs: list[Document], names: list[str]) -> list[Document]:
     """The documents named by family or path (all of them for no names); an unknown name is one line listing the families."""
     if not names:

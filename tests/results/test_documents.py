@@ -42,6 +42,7 @@ def checkout(tmp_path, constrained_home):
     (tmp_path / "pipelines" / "constrained.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     export_bundle(["constrained"], stores, tmp_path / "results" / "bundles" / "constrained.jsonl.gz")
     (tmp_path / "results" / "documents.yaml").write_text(
+        "figures:\n  - {family: one, model: smollm2-135m, out: results/cross}\n"
         "documents:\n"
         "  - {path: pipelines/ONE.md, family: one, title: One, studies: [constrained], metrics: 'ppl,size_bytes,decode_tok_s', timed: [constrained]}\n"
         "  - {path: pipelines/OLD.md, family: old, title: Old, studies: [gone]}\n")
@@ -89,3 +90,18 @@ def test_an_unknown_family_or_a_bad_manifest_is_one_line(checkout):
     (checkout / "results" / "documents.yaml").write_text("documents:\n  - {path: a.md, family: a, title: A, studies: [x], colour: red}\n")
     proc = cli_here("results", "status", "--root", str(checkout), cwd=checkout, check=False)
     assert proc.returncode == 2 and "unknown field 'colour'" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_the_cross_paper_frontier_is_drawn_from_the_bundles_and_checked_by_its_points(checkout):
+    import json
+
+    cli_here("results", "render", "--root", str(checkout), cwd=checkout)
+    data = json.loads((checkout / "results" / "cross.json").read_text())
+    assert data["model"] == "smollm2-135m" and data["points"]
+    assert all(p["study"] == "constrained" for p in data["points"]) and any(p["frontier"] for p in data["points"])
+    assert (checkout / "results" / "cross.png").read_bytes()[:4] == b"\x89PNG" and b"<svg" in (checkout / "results" / "cross.svg").read_bytes()
+    assert cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout).returncode == 0
+    data["points"][0]["ppl"] *= 1.01  # a figure whose points are not the bundles' is stale
+    (checkout / "results" / "cross.json").write_text(json.dumps(data))
+    proc = cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout, check=False)
+    assert proc.returncode == 1 and "results/cross.json" in proc.stderr
