@@ -141,3 +141,14 @@ def test_per_example_scores_travel_so_differences_stay_paired(tmp_path):
     assert "beyond noise (paired, 400 examples)" in original
     assert study_section(name, fresh, ["acc"], frontier=False) == original
     assert study_section(name, BundleSource([out]), ["acc"], frontier=False) == original
+
+
+def test_load_study_reads_a_bundle_as_it_reads_the_stores(exported):
+    import paretolab
+
+    stores, out = exported
+    from_bundle = paretolab.load_study("constrained", bundle=out)
+    from_stores = paretolab.load_study("constrained", stores=stores)
+    assert from_bundle.trials.drop(columns=["run_id"]).equals(from_stores.trials.drop(columns=["run_id"]))
+    assert list(from_bundle.frontier["trial"]) == list(from_stores.frontier["trial"])
+    assert from_bundle.pipeline == from_stores.pipeline
