@@ -105,3 +105,8 @@ def test_the_cross_paper_frontier_is_drawn_from_the_bundles_and_checked_by_its_p
     (checkout / "results" / "cross.json").write_text(json.dumps(data))
     proc = cli_here("results", "render", "--check", "--root", str(checkout), cwd=checkout, check=False)
     assert proc.returncode == 1 and "results/cross.json" in proc.stderr
+
+
+def test_the_committed_results_stay_under_100_mb():
+    total = sum(p.stat().st_size for p in (ROOT / "results").rglob("*") if p.is_file() and ".store" not in p.parts)
+    assert total < 100e6, f"results/ holds {total / 1e6:.1f} MB; bundles must stay compact"
