@@ -119,7 +119,7 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     """Run each study whose bundle is missing or stale, one at a time, and write its bundle as soon as it finishes."""
     from paretolab.errors import ConfigError
     from paretolab.results.bundle_stores import export_bundle
-    from paretolab.results.documents import bundle_path, expected_minutes, study_state
+    from paretolab.results.documents import bundle_path, expected_minutes, study_state, worst_case_minutes
     from paretolab.stores import resolve_stores
 
     home = Path(args.home or root / "results" / ".store")
@@ -133,10 +133,12 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     if not todo:
         print("every bundle is current: nothing to run (`paretolab results render` writes the documents)")
         return 0
-    known = [m for _, s in todo if (m := expected_minutes(root, s)) is not None]
     print(f"{len(todo)} stud{'y' if len(todo) == 1 else 'ies'} to run into {home}: " + ", ".join(s for _, s in todo))
-    print(f"expected duration: {sum(known):.0f} min for the {len(known)} with an earlier bundle" if known
-          else "expected duration: unknown (no earlier bundle); each study prints its trial count and progress as it runs")
+    known = {s: m for _, s in todo if (m := expected_minutes(root, s)) is not None}
+    bound = {s: m for _, s in todo if s not in known and (m := worst_case_minutes(root, s)) is not None}
+    parts = [f"~{sum(known.values()):.0f} min for the {len(known)} with an earlier bundle (as long as it took then)"] if known else []
+    parts += [f"at most {sum(bound.values()):.0f} min for the {len(bound)} without one (trials x trial_timeout_s)"] if bound else []
+    print("expected duration: " + ("; ".join(parts) if parts else "unknown") + "; each study prints its progress as it runs")
     if any(s in doc.timed for doc, s in todo):
         print("timed studies among them: run this on an otherwise idle machine (their timings rank trials or feed claims)")
     if args.dry_run:

@@ -159,6 +159,19 @@ def expected_minutes(root: Path, study: str) -> float | None:
     return span.total_seconds() / 60
 
 
+def worst_case_minutes(root: Path, study: str) -> float | None:
+    """The pipeline's own bound: search.trials × search.trial_timeout_s, in minutes (None when either is missing)."""
+    from paretolab.study.yaml_read import read_yaml
+
+    path = root / "pipelines" / f"{study}.yaml"
+    try:
+        search = read_yaml(path.read_text(encoding="utf-8"), str(path)).get("search") or {}
+    except (OSError, ConfigError, AttributeError):
+        return None
+    trials, timeout = search.get("trials"), search.get("trial_timeout_s")
+    return trials * timeout / 60 if isinstance(trials, int) and isinstance(timeout, (int, float)) else None
+
+
 def judging_code() -> str:
     """A hash of the code that turns trials into a document (results, stats, the claim syntax): a document rendered by
     other judging code is stale, so a change to how verdicts are reached re-renders every document before it lands."""
