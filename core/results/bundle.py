@@ -114,6 +114,9 @@ def write_bundle(records: list[StudyRecord], out: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
             gz.write(("\n".join(lines) + "\n").encode())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain file would be (mkstemp makes it private)
         os.replace(tmp, out)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
