@@ -56,6 +56,11 @@ def _study_from_stores(name: str, stores: Stores) -> StudyRecord:
         })
     record = StudyRecord(name, [d.name for d in study.directions], dict(study.user_attrs), trials, runs["study"], {})
     record.provenance = provenance(record)
+    from paretolab.results.source import trained_base_record
+
+    base = trained_base_record(str(record.user_attrs.get("model", "")))
+    if base is not None:  # how a base trained here was made: the report says it, from the bundle on any machine
+        record.provenance["trained_base"] = list(base)
     return record
 
 

@@ -29,7 +29,6 @@ from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.study.constraints import REASON
 from paretolab.study.report_spec import claims_from
-from paretolab.training.checkpoints import RECORD, trained_dir
 
 
 def study_section(name: str, stores: Stores | Source, metrics: list[str], *, frontier: bool = True) -> str:
@@ -63,7 +62,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         "",
         *_ran(name, stores, study),
         *_provenance(rows),
-        *_trained_base(str(study.user_attrs.get("model", ""))),
+        *_trained_base(stores.trained_base(str(study.user_attrs.get("model", "")))),
     ]
     note = study_quality_note(name, stores)
     if note:
@@ -142,12 +141,11 @@ def _papers_claim(pipeline: dict[str, Any]) -> list[str]:
     return [f"**The paper:** {text}", ""] if text else []
 
 
-def _trained_base(model: str) -> list[str]:
-    """For a base trained here (``train.save_as``): how, from its ``paretolab.json`` on this machine."""
-    try:
-        record = json.loads((trained_dir() / model / RECORD).read_text())
-    except (OSError, ValueError):
+def _trained_base(found: tuple[str, Any] | None) -> list[str]:
+    """For a base trained here (``train.save_as``): how, from its ``paretolab.json`` (the source's: the bundle's copy)."""
+    if found is None:
         return []
+    model, record = found
     if not isinstance(record, dict):
         return []
     loss = record.get("val_loss")

@@ -22,8 +22,22 @@ from paretolab.stores.locations import Stores
 Fetch = Callable[[str], "dict[str, Any] | None"]
 
 
+def trained_base_record(model: str) -> tuple[str, Any] | None:
+    """(model, its ``paretolab.json``) for a base trained on this machine (``train.save_as``), else None."""
+    from paretolab.training.checkpoints import RECORD, trained_dir
+
+    try:
+        record = json.loads((trained_dir() / model / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return (model, record) if isinstance(record, dict) else None
+
+
 class StoreSource:
     """The stores a study ran with (read only: a missing store is an error, never created)."""
+
+    def trained_base(self, model: str) -> tuple[str, Any] | None:
+        return trained_base_record(model)
 
     def __init__(self, stores: Stores) -> None:
         self.stores = stores
@@ -116,6 +130,14 @@ class BundleSource:
 
     def names(self) -> list[str]:
         return list(self.records)
+
+    def trained_base(self, model: str) -> tuple[str, Any] | None:
+        """The trained base's record as the exporting machine had it (kept in the bundle), never this machine's."""
+        for record in self.records.values():
+            found = record.provenance.get("trained_base")
+            if isinstance(found, list) and len(found) == 2 and found[0] == model:
+                return found[0], found[1]
+        return None
 
     def record(self, name: str) -> Any:
         if name not in self.records:

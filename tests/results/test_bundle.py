@@ -152,3 +152,25 @@ def test_load_study_reads_a_bundle_as_it_reads_the_stores(exported):
     assert from_bundle.trials.drop(columns=["run_id"]).equals(from_stores.trials.drop(columns=["run_id"]))
     assert list(from_bundle.frontier["trial"]) == list(from_stores.frontier["trial"])
     assert from_bundle.pipeline == from_stores.pipeline
+
+
+def test_a_trained_bases_record_travels_in_the_bundle_not_from_the_reading_machine(tmp_path, monkeypatch):
+    """A document rendered from a bundle is the same on any machine: how a base trained here was made comes along."""
+    import optuna
+
+    from paretolab.training.checkpoints import RECORD, trained_dir
+    from tests.results.test_report import _fix, _hits, _stored_study
+
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))
+    (trained_dir() / "base-fp32").mkdir(parents=True)
+    (trained_dir() / "base-fp32" / RECORD).write_text(json.dumps({"base": "scratch-5m", "weights": "fp32 (trained here)", "tokens": 1024,
+                                                                  "corpus": "pystdlib-train", "seed": 0, "saved_at": "2026-12-06T00:00:00Z"}))
+    (tmp_path / "a").mkdir()
+    stores, name = _stored_study(tmp_path / "a", [("none", _hits(), 100.0), ("rtn", _fix(_hits(), 4), 50.0)])
+    optuna.load_study(study_name=name, storage=stores.optuna_url).set_user_attr("model", "base-fp32")
+    out = tmp_path / "q.jsonl.gz"
+    export_bundle([name], stores, out)
+    here = study_section(name, stores, ["acc"], frontier=False)
+    assert "Base `base-fp32`: fp32 (trained here), from `scratch-5m`" in here
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "elsewhere"))  # a machine that never trained it
+    assert study_section(name, BundleSource([out]), ["acc"], frontier=False) == here
