@@ -18,6 +18,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_failures,
         print_frontier,
     )
+    from paretolab.results.section import verdict_summary
     from paretolab.study.driver import run_study
     from paretolab.study.preflight import validated_spec
 
@@ -33,6 +34,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{outcome.completed} trial(s) completed{pruned}, {outcome.failed} failed, {outcome.retried} retried in {outcome.wall_s:.1f} s")
         print_failures(spec.name, failure_reasons(load_study(spec.name, stores).get_trials(deepcopy=False)))
         print_frontier(spec.name, rows)
+        verdicts = verdict_summary(spec.name, stores)
+        if verdicts:
+            print("\nclaims (`paretolab report " + spec.name + "` gives the intervals' details):")
+            print("\n".join(f"  {line}" for line in verdicts))
         note = quality_note(spec.model, spec.raw)
         if note:
             print(f"warning: {note}")

@@ -163,6 +163,18 @@ def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], source: Source)
     return claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds)
 
 
+def verdict_summary(name: str, stores: Stores | Source) -> list[str]:
+    """The study's claims and their verdicts as plain lines (what `run` prints after the frontier); [] without claims."""
+    source = source_of(stores)
+    pipeline = load_study(name, source).user_attrs.get("pipeline") or {}
+    _, rows = trial_table(name, source)
+    out = []
+    for line in _claim(pipeline, rows, source):
+        if line.startswith(("**Claim:**", "**Verdict", "**Holm")):
+            out.append(line.replace("**", ""))
+    return out
+
+
 def claim_trials(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trial rows as claims read them: each with its arm's label and its parameters by name."""
     return [{**r, "label": _choice_label(pipeline, r), "params": named_params(r)} for r in rows]

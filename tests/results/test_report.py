@@ -176,3 +176,16 @@ def test_a_section_opens_with_the_papers_claim_and_a_trained_base_with_its_train
     assert "**The paper:** X claims 8-bit psums cost nothing." in text
     assert ("Base `base-fp32`: fp32 (trained here), from `scratch-5m` on 206,848 tokens of pystdlib-train (seed 0), "
             "val_loss 5.482 nats/token on pystdlib-val; saved 2026-11-30T19:30:10Z.") in text
+
+
+def test_a_run_ends_with_its_claims_verdicts_in_plain_lines(tmp_path):
+    """What `paretolab run` prints after the frontier (the demo's first run ends with a verdict)."""
+    base = _hits()
+    stores, name = _stored_study(tmp_path, [("none", base, 100.0), ("rtn", _fix(base, 40), 50.0)])
+    pipeline = {"name": "q", "task": {"name": "mc"}, "stages": [{"id": "s0", "choice": [{"method": "none"}, {"method": "rtn", "params": {"bits": [4]}}]}],
+                "claim": {"text": "rtn raises acc", "metric": "acc", "method": "rtn", "baseline": "none", "expect": "higher", "replicates": "none"}}
+    optuna.load_study(study_name=name, storage=stores.optuna_url).set_user_attr("pipeline", pipeline)
+    lines = section.verdict_summary(name, stores)
+    assert lines[0] == "Claim: rtn raises acc"
+    assert lines[1].startswith("Verdict: held — acc rtn − none = +0.1")
+    assert all("**" not in line for line in lines)
