@@ -40,8 +40,16 @@ def reproduce_pipeline(pipeline: dict[str, Any], params: dict[str, Any], *, stud
     out["name"] = f"{pipeline.get('name', study)}-trial{number}"
     search = dict(out.get("search") or {})
     search.update(sampler="random", trials=1)
-    search.pop("population_size", None)
+    for key in ("population_size", "enqueue", "pruner"):  # points and stopping rules of the search, not of one trial
+        search.pop(key, None)
     out["search"] = search
+    for key in ("claim", "claims", "frontiers"):  # they compare the choice's arms: one trial has only its own
+        out.pop(key, None)
+    kept = [c for c in out.get("constraints") or [] if not (isinstance(c, dict) and "max_ratio_to" in c)]  # a ratio to another arm
+    if kept:
+        out["constraints"] = kept
+    else:
+        out.pop("constraints", None)
     return out
 
 
