@@ -14,6 +14,7 @@ from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
 from paretolab.results import REPORT_METRICS
+from paretolab.cli.suggest import SuggestingParser
 
 EPILOG = """examples:
   paretolab run pipelines/smoke.yaml              run a study on a local Ray
@@ -51,7 +52,7 @@ def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="paretolab",
         description="Map the quality/cost Pareto frontier of ML efficiency methods.",
         epilog=EPILOG,

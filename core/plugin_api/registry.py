@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from paretolab.errors import DuplicateNameError, UnknownNameError
 
 T = TypeVar("T")
+SHORT_LIST = 12  # a registry this small lists every name in an unknown-name error
 
 
 class Registry(Generic[T]):
@@ -43,10 +45,27 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+        """One short line: the closest few names (or those whose description names the word), and where the rest are.
+
+        A short registry lists every name; a long one (metrics: ~200) says which command lists them, instead of
+        printing them all on one line after the suggestions.
+        """
+        close = self.closest(name)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        known = ", ".join(sorted(self._items)) or "none"
-        return f"unknown {self.kind} {name!r}{hint} (known: {known})"
+        if len(self._items) <= SHORT_LIST:
+            return f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._items)) or 'none'})"
+        where = "`paretolab models list`" if self.kind == "model" else "`paretolab plugins`"
+        return f"unknown {self.kind} {name!r}{hint} ({where} lists all {len(self._items)} {self.kind}s)"
+
+    def closest(self, name: str, n: int = 3) -> list[str]:
+        """Up to ``n`` names spelled like ``name``; failing those, names whose description mentions it (``perplexity`` -> ppl)."""
+        close = difflib.get_close_matches(str(name), list(self._items), n=n, cutoff=0.6)
+        if close or not str(name).strip():
+            return close
+        word = re.compile(rf"\b{re.escape(str(name).lower())}\b")
+        found = {k: word.search(str(getattr(item, "description", "")).lower()) for k, item in self._items.items()}
+        # the word earliest in its description first (what the name *is*, not what it is compared with), then the shortest name
+        return sorted((k for k, m in found.items() if m), key=lambda k: (found[k].start(), len(k), k))[:n]
 
     def owner(self, name: str) -> str:
         """The plugin that registered ``name``."""
