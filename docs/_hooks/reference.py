@@ -253,10 +253,11 @@ def on_files(files: Files, config: Any) -> Files:
     for name, page in RESULTS.items():
         source = ROOT / "pipelines" / name
         if source.is_file():
-            files.append(File.generated(config, f"results/{page}.md", content=source.read_text(encoding="utf-8")))
+            uri = f"results/{page}.md"
+            files.append(File.generated(config, uri, content=_relink(source.read_text(encoding="utf-8"), source, uri)))
     for uri, source in INCLUDED.items():
         text = source.read_text(encoding="utf-8")
-        files.append(File.generated(config, uri, content=_relink(text, source)))
+        files.append(File.generated(config, uri, content=_relink(text, source, uri)))
     files.append(File.generated(config, "reference/cli.md", content=cli_page()))
     files.append(File.generated(config, "reference/pipeline.md", content=pipeline_page()))
     files.append(File.generated(config, "reference/metrics.md", content=metrics_page()))
@@ -273,13 +274,28 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
-def _relink(text: str, source: Path) -> str:
-    """Links of a document kept outside docs/ that point into the repository: as code, since the site has no such page."""
+def _relink(text: str, source: Path, here: str) -> str:
+    """Links of a document kept outside docs/ (``source``, shown as page ``here``) that point into the repository.
+
+    A link to another document the site shows becomes a link to its page; any other file is named as code, since
+    the site has no page for it (a strict build would refuse the link).
+    """
+    pages = {(ROOT / "pipelines" / name).resolve(): f"results/{page}.md" for name, page in RESULTS.items()}
+    pages.update({path.resolve(): uri for uri, path in INCLUDED.items()})
+
     def repl(m: re.Match) -> str:
         label, target = m.group(1), m.group(2)
         if re.match(r"[a-z]+://|#|mailto:", target):
             return m.group(0)
-        return f"{label} (`{(source.parent / target).resolve().relative_to(ROOT)}`)"
+        path, _, anchor = target.partition("#")
+        resolved = (source.parent / path).resolve()
+        if resolved in pages:
+            return f"[{label}]({os.path.relpath(pages[resolved], os.path.dirname(here))}{'#' + anchor if anchor else ''})"
+        try:
+            shown = resolved.relative_to(ROOT)
+        except ValueError:
+            shown = Path(target)
+        return f"{label} (`{shown}`)"
     return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", repl, text)
 
 
