@@ -58,14 +58,24 @@ class Registry(Generic[T]):
         return f"unknown {self.kind} {name!r}{hint} ({where} lists all {len(self._items)} {self.kind}s)"
 
     def closest(self, name: str, n: int = 3) -> list[str]:
-        """Up to ``n`` names spelled like ``name``; failing those, names whose description mentions it (``perplexity`` -> ppl)."""
+        """Up to ``n`` names spelled like ``name``; failing those, names whose description mentions it, or a word
+        spelled like it (``perplexity`` or ``perplexty`` -> ppl)."""
         close = difflib.get_close_matches(str(name), list(self._items), n=n, cutoff=0.6)
-        if close or not str(name).strip():
+        wanted = str(name).lower().strip()
+        if close or not wanted:
             return close
-        word = re.compile(rf"\b{re.escape(str(name).lower())}\b")
-        found = {k: word.search(str(getattr(item, "description", "")).lower()) for k, item in self._items.items()}
+        described = {k: str(getattr(item, "description", "")).lower() for k, item in self._items.items()}
+        vocabulary = sorted({w for text in described.values() for w in re.findall(r"[a-z][a-z0-9_-]+", text)})
+        words = [wanted] if wanted in vocabulary else difflib.get_close_matches(wanted, vocabulary, n=2, cutoff=0.8)
+        found: dict[str, int] = {}
+        for word in words:
+            pattern = re.compile(rf"\b{re.escape(word)}\b")
+            for k, text in described.items():
+                hit = pattern.search(text)
+                if hit and hit.start() < found.get(k, 1 << 30):
+                    found[k] = hit.start()
         # the word earliest in its description first (what the name *is*, not what it is compared with), then the shortest name
-        return sorted((k for k, m in found.items() if m), key=lambda k: (found[k].start(), len(k), k))[:n]
+        return sorted(found, key=lambda k: (found[k], len(k), k))[:n]
 
     def owner(self, name: str) -> str:
         """The plugin that registered ``name``."""

@@ -38,7 +38,7 @@ def test_a_misspelt_command_is_answered_with_the_closest(args, meant, tmp_path):
     assert bad.returncode == 2 and f"did you mean {meant!r}?" in bad.stderr
 
 
-@pytest.mark.parametrize(("kind", "name", "meant"), [("metrics", "perplexity", "ppl"), ("metrics", "sizebytes", "size_bytes"),
+@pytest.mark.parametrize(("kind", "name", "meant"), [("metrics", "perplexity", "ppl"), ("metrics", "perplexty", "ppl"), ("metrics", "sizebytes", "size_bytes"),
                                                      ("metrics", "accuracy", "acc"), ("methods", "wandaa", "wanda")])
 def test_an_unknown_name_suggests_a_few_and_says_where_the_rest_are(kind, name, meant):
     from paretolab.plugin_api.manager import registries
