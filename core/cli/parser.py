@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume` finishes the study, running cancelled trials' parameters again. `paretolab check PIPELINE` "
         "validates a pipeline without running it."
     ))
-    run.add_argument("pipeline", help="path to a pipeline YAML (see pipelines/README or the README's reference)")
+    run.add_argument("pipeline", help="path to a pipeline YAML (docs/guides/pipelines.md; every field: the site's pipeline reference)")
     run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
     run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
     run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
