@@ -13,8 +13,8 @@ from paretolab.cli.manage import cmd_check, cmd_studies
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
-from paretolab.results import REPORT_METRICS
 from paretolab.cli.suggest import SuggestingParser
+from paretolab.results import REPORT_METRICS
 
 EPILOG = """examples:
   paretolab run pipelines/smoke.yaml              run a study on a local Ray
