@@ -99,5 +99,10 @@ results-search: $(DEV)  ## the pruned vs unpruned scratch-1m search (~20 min on 
 	$(BIN)/python benchmarks/pruned_vs_full.py --json search_pruning.json
 	$(BIN)/python benchmarks/search_pruning.py
 
+# The documentation site (mkdocs.yml, docs/): reference pages are generated from the code by docs/_hooks/reference.py.
+# --strict fails on a broken link, a missing page or a method on no catalog page (tests/test_docs.py does the same in CI).
+docs: $(DEV)  ## build the documentation site into site/ (open site/index.html; `$(BIN)/mkdocs serve` to browse it live)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .paretolab build *.egg-info
+	rm -rf $(VENV) .paretolab build site *.egg-info

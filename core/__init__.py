@@ -17,26 +17,37 @@ from __future__ import annotations
 
 from paretolab import _moved
 from paretolab.errors import ConfigError, ParetolabError, PluginError, UnknownNameError
-from paretolab.plugin_api.context import TrialContext
-from paretolab.plugin_api.hookspec import hookimpl
-from paretolab.plugin_api.measure import Measure, NoOptions
-from paretolab.plugin_api.method import KINDS, Method, Paper
-from paretolab.plugin_api.metrics import Metric
-from paretolab.plugin_api.options import option
-from paretolab.plugin_api.storage import TensorStorage
-from paretolab.plugin_api.subject import Subject
 from paretolab.version import __version__
 
+# The names a plugin is written against: name -> the module that defines it. Imported on first use (PEP 562),
+# so that `import paretolab` (and `paretolab --help`, which imports the CLI's parser) does not import torch.
+PUBLIC = {
+    "KINDS": "paretolab.plugin_api.method",
+    "Measure": "paretolab.plugin_api.measure",
+    "Method": "paretolab.plugin_api.method",
+    "Metric": "paretolab.plugin_api.metrics",
+    "NoOptions": "paretolab.plugin_api.measure",
+    "Paper": "paretolab.plugin_api.method",
+    "Subject": "paretolab.plugin_api.subject",
+    "TensorStorage": "paretolab.plugin_api.storage",
+    "TrialContext": "paretolab.plugin_api.context",
+    "hookimpl": "paretolab.plugin_api.hookspec",
+    "option": "paretolab.plugin_api.options",
+}
 # user-facing entry points: name -> the module in paretolab.api that defines it (a registration, see ARCHITECTURE.md)
 LAZY = {"apply": "paretolab.api.apply", "load_study": "paretolab.api.frames", "export": "paretolab.api.export"}
 
 
 def __getattr__(name: str) -> object:
-    if name in LAZY:
-        import importlib
+    module = PUBLIC.get(name) or LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paretolab' has no attribute {name!r}")
+    import importlib
 
-        return getattr(importlib.import_module(LAZY[name]), name)
-    raise AttributeError(f"module 'paretolab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if name in PUBLIC:
+        globals()[name] = value  # found once: later lookups are plain attribute reads
+    return value
 
 
 _moved.install()  # the old paths of the plugin-facing modules (paretolab.subject, ...) keep importing

@@ -45,9 +45,22 @@ def _from_url() -> None:
         st.session_state["page"] = query["page"]
     if query.get("study"):
         st.session_state["study"] = query["study"]
+        st.session_state["_asked_study"] = query["study"]  # checked against the stores once they are read
     trial = query.get("trial", "")
     if trial.isdigit():
         st.session_state["trial"] = int(trial)
+
+
+def _unknown_study(asked: str | None, names: list[str], stores: object) -> None:
+    """A ``?study=`` the stores do not hold is said, with the closest names, before another study is shown."""
+    if asked is None or asked in names:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(asked, names, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    shown = f" Showing {names[0]!r} instead; pick another in the sidebar." if names else ""
+    st.warning(f"No study {asked!r} in {stores.redacted().optuna_url}.{hint}{shown}")
 
 
 def main() -> None:
@@ -62,6 +75,7 @@ def main() -> None:
     st.sidebar.title("paretolab")
     page = st.sidebar.radio("page", list(PAGES), key="page")
     study = None
+    _unknown_study(st.session_state.pop("_asked_study", None), names, stores)
     if names:
         if st.session_state.get("study") not in names:
             st.session_state["study"] = names[0]

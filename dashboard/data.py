@@ -38,6 +38,7 @@ from paretolab.dashboard.store_read import (
 )
 from paretolab.results.frontier import CONSTRAINTS, pareto_indices
 from paretolab.study.constraints import FEASIBLE
+from paretolab.study.session import SESSION
 
 __all__ = ["NONE_METHOD", "engine", "store_exists"]  # read here by runs.py, curves.py and plots.py
 
@@ -56,6 +57,9 @@ class StudyInfo:
     methods: list[str]
     pipeline: dict[str, Any]
     constraints: tuple[str, ...] = ()  # the pipeline's bounds in words (a trial must meet them to be on a frontier)
+    session: dict[str, Any] = field(default_factory=dict)  # the driver's last session (paretolab.study.session)
+    status: str = "finished"  # as `paretolab studies` says it: running, finished, interrupted (...)
+    status_hint: str = ""  # for an interrupted study: why, and the command that resumes it
 
     @property
     def finished(self) -> int:
@@ -203,8 +207,25 @@ def _follow(conn: sa.Connection, url: str, study_ids: set[int]) -> _Followed:
 
 
 def list_studies(url: str) -> list[StudyInfo]:
-    """Every study in the Optuna store, with trial counts by state; [] for an empty store."""
-    return [info for info, _ in _studies(url)]
+    """Every study in the Optuna store, with trial counts by state and its status; [] for an empty store."""
+    return [_with_status(info, url) for info, _ in _studies(url)]
+
+
+def _with_status(info: StudyInfo, url: str) -> StudyInfo:
+    """The status `paretolab studies` prints (one definition: ``study.session.study_status``).
+
+    Whether a driver owns the study is asked only of a study whose session says it runs (its driver made the lock
+    file): the page never creates a lock file beside a store.
+    """
+    from dataclasses import replace
+
+    from paretolab.stores.ownership import study_owner
+    from paretolab.study.session import study_status
+
+    counts = {"complete": info.counts.get("COMPLETE", 0), "failed": info.counts.get("FAIL", 0), "running": info.counts.get("RUNNING", 0)}
+    owned = info.session.get("state") == "running" and study_owner(url, info.name) is not None
+    status, hint, _ = study_status({SESSION: info.session, "pipeline": info.pipeline}, counts, owned)
+    return replace(info, status=status, status_hint=hint)
 
 
 def _studies(url: str) -> list[tuple[StudyInfo, tuple[Any, ...]]]:
@@ -241,7 +262,7 @@ def _study_info(sid: int, name: str, counts: dict[str, int], last: pd.Timestamp 
     return StudyInfo(
         name=name, study_id=sid, objectives=objectives, counts=counts, planned=max(planned, sum(counts.values())),
         last_update=last, model=str(attrs.get("model", "")), methods=list(attrs.get("methods") or []), pipeline=pipeline,
-        constraints=tuple(str(c) for c in attrs.get(CONSTRAINTS) or []),
+        constraints=tuple(str(c) for c in attrs.get(CONSTRAINTS) or []), session=dict(attrs.get(SESSION) or {}),
     )
 
 

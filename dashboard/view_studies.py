@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pandas as pd
 import streamlit as st
 
@@ -15,38 +17,58 @@ def no_studies(ctx: Context) -> None:
     )
 
 
+def frontier_link(study: str) -> str:
+    """The Frontier page of ``study``, as a link relative to the app's own address (the query string the app reads)."""
+    return f"?page=Frontier&study={quote(study)}"
+
+
 def studies_page(ctx: Context) -> None:
     st.header("Studies")
     st.caption(f"Optuna: {ctx.stores.redacted().optuna_url} · MLflow: {ctx.stores.redacted().tracking_uri}")
     if not ctx.studies:
         no_studies(ctx)
         return
+    rare = [state for state in ("PRUNED", "WAITING") if any(s.counts.get(state) for s in ctx.studies)]  # columns only where some study has one
     rows = []
     for s in ctx.studies:
         rows.append({
-            "study": s.name,
+            "study": frontier_link(s.name),
+            "status": s.status,
             "complete": s.counts.get("COMPLETE", 0),
             "failed": s.counts.get("FAIL", 0),
-            "pruned": s.counts.get("PRUNED", 0),
             "running": s.counts.get("RUNNING", 0),
-            "waiting": s.counts.get("WAITING", 0),
+            **{state.lower(): s.counts.get(state, 0) for state in rare},
             "progress": s.finished / s.planned if s.planned else 0.0,
             "planned": s.planned,
-            "objectives": ", ".join(f"{m} ({d[:3]})" for m, d in s.objectives),
+            "objectives": ", ".join(f"{m} {ARROW.get(d[:3], '')}".strip() for m, d in s.objectives),
             "model": s.model,
-            "methods": ", ".join(s.methods),
+            "methods": _short_list(s.methods),
             "last update": s.last_update,
         })
+    # sized to fit beside the sidebar on a 1,280 px screen: narrow counts, the long lists cut (the Frontier has them whole)
     st.dataframe(
         pd.DataFrame(rows),
         hide_index=True,
         width="stretch",
         column_config={
-            "progress": st.column_config.ProgressColumn("progress", help="finished trials / planned (search.trials)", min_value=0.0, max_value=1.0, format="percent"),
-            "last update": st.column_config.DatetimeColumn("last update (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "study": st.column_config.LinkColumn("study", help="open the study's Frontier", display_text=r"study=([^&]+)$", width="medium"),
+            "status": st.column_config.TextColumn("status", help="as `paretolab studies` says it; an interrupted study resumes with `paretolab run PIPELINE --resume`"),
+            **{c: st.column_config.NumberColumn(c, width="small") for c in ("complete", "failed", "running", "planned", *(r.lower() for r in rare))},
+            "progress": st.column_config.ProgressColumn("progress", help="finished trials / planned (search.trials)", min_value=0.0, max_value=1.0, format="percent", width="small"),
+            "last update": st.column_config.DatetimeColumn("last update (UTC)", format="MM-DD HH:mm"),
         },
     )
-    st.caption("Pick a study in the sidebar, then open its Frontier.")
+    for s in ctx.studies:
+        if s.status_hint:
+            st.caption(f"{s.name}: {s.status_hint}")
+    st.caption("A study's name opens its Frontier; the sidebar picks the study for the other pages.")
+
+
+ARROW = {"min": "↓", "max": "↑"}
+
+
+def _short_list(names: list[str], keep: int = 3) -> str:
+    return ", ".join(names[:keep]) + (f" +{len(names) - keep}" if len(names) > keep else "")
 
 
 def methods_page(ctx: Context) -> None:

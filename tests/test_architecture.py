@@ -114,7 +114,7 @@ def test_modules_named_by_string_exist() -> None:
     from paretolab.data.corpora import SYNTHETIC_CORPORA
     from paretolab.plugin_api.manager import BUILTIN_PLUGINS
 
-    missing = [name for name in (*BUILTIN_PLUGINS, *SYNTHETIC_CORPORA.values(), *paretolab.LAZY.values()) if importlib.util.find_spec(name) is None]
+    missing = [name for name in (*BUILTIN_PLUGINS, *SYNTHETIC_CORPORA.values(), *paretolab.LAZY.values(), *paretolab.PUBLIC.values()) if importlib.util.find_spec(name) is None]
     assert not missing, f"tables name modules that do not exist: {missing}"
     assert all(callable(getattr(paretolab, name)) for name in paretolab.LAZY), "paretolab.LAZY names an attribute its module lacks"
 

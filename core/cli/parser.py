@@ -13,6 +13,7 @@ from paretolab.cli.manage import cmd_check, cmd_studies
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
+from paretolab.cli.suggest import SuggestingParser
 from paretolab.results import REPORT_METRICS
 
 EPILOG = """examples:
@@ -51,7 +52,7 @@ def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="paretolab",
         description="Map the quality/cost Pareto frontier of ML efficiency methods.",
         epilog=EPILOG,
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume` finishes the study, running cancelled trials' parameters again. `paretolab check PIPELINE` "
         "validates a pipeline without running it."
     ))
-    run.add_argument("pipeline", help="path to a pipeline YAML (see pipelines/README or the README's reference)")
+    run.add_argument("pipeline", help="path to a pipeline YAML (docs/guides/pipelines.md; every field: the site's pipeline reference)")
     run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
     run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
     run.add_argument("--resume", action="store_true", help="continue a study that already has trials")

@@ -59,8 +59,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         "that ran the study, so compare them within a table, not across machines. A study whose pipeline",
         "carries claims opens with each and its verdict on the stored trials: paired with the baseline on",
         "the same replicate (seed, calibration draw, split) and settings, one verdict per setting that varies,",
-        "a 95 % interval carrying both the replicate-to-replicate and the example-to-example noise (README:",
-        "Claims and verdicts).",
+        "a 95 % interval carrying both the replicate-to-replicate and the example-to-example noise (docs:",
+        "tutorials/verdicts.md).",
         "",
     ]
     Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")

@@ -11,7 +11,7 @@ import torch
 import paretolab
 from paretolab.errors import ConfigError
 
-README = Path(__file__).parents[2] / "README.md"
+GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "export.md"  # the Python API example of the documentation site
 
 
 def linear_weights(model):
@@ -66,15 +66,15 @@ def test_bad_input_is_refused_with_the_field_and_the_fix(tiny, call, message):
 
 
 def readme_example() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
     found = re.search(r"<!-- python-api-example -->\s*```python\n(.*?)```", text, re.S)
-    assert found, "README lost its Python API example (the block after <!-- python-api-example -->)"
+    assert found, "docs/guides/export.md lost its Python API example (the block after <!-- python-api-example -->)"
     return found.group(1)
 
 
 def test_the_readme_example_runs_on_tiny_llama(capsys):
     code = readme_example()
     assert "smollm2-135m" in code
-    exec(compile(code.replace("smollm2-135m", "tiny-llama"), "README.md", "exec"), {})
+    exec(compile(code.replace("smollm2-135m", "tiny-llama"), "docs/guides/export.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "wanda" in printed and "rtn" in printed and "size_bytes" in printed

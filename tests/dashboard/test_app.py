@@ -54,12 +54,28 @@ def frame_of(at: AppTest, index: int = 0):
 
 def test_studies_lists_every_study_with_counts_and_progress(store_env):
     at = open_app()
-    table = frame_of(at).set_index("study")
+    table = frame_of(at)
+    assert table["study"].tolist() == [f"?page=Frontier&study={n}" for n in ("demo", "single", "training")]  # each name opens its Frontier
+    table = table.assign(study=table["study"].str.rsplit("=", n=1).str[-1]).set_index("study")
     assert list(table.index) == ["demo", "single", "training"]
     assert table.loc["demo", ["complete", "failed", "running", "planned"]].tolist() == [10, 2, 1, 16]
     assert table.loc["demo", "progress"] == pytest.approx(12 / 16)
-    assert "ppl (min)" in table.loc["demo", "objectives"]
+    assert "ppl ↓" in table.loc["demo", "objectives"]
     assert table.loc["single", "complete"] == 1
+    # the status `paretolab studies` prints: demo has failed and running trials, no driver and fewer complete than planned
+    assert table.loc["demo", "status"] == "interrupted" and table.loc["single", "status"] == "finished"
+    assert "resume with `paretolab run" in texts(at)
+
+
+def test_a_study_link_opens_its_frontier(store_env):
+    at = open_app(page="Frontier", study="single")
+    assert at.sidebar.selectbox[0].value == "single" and not [w for w in at.warning if "No study" in w.value]
+
+
+def test_an_unknown_study_in_the_url_is_said_not_silently_replaced(store_env):
+    at = open_app(page="Frontier", study="dmeo")
+    warned = " ".join(w.value for w in at.warning)
+    assert "No study 'dmeo'" in warned and "Did you mean 'demo'?" in warned and "Showing 'demo' instead" in warned
 
 
 def test_frontier_shows_trials_frontier_reference_and_simulated_marks(store_env):

@@ -78,7 +78,8 @@ def test_curves_page_draws_the_pruned_trial_dotted_and_says_where_it_stopped(con
 
 
 def test_studies_page_counts_pruned_trials_and_the_trial_page_says_why_a_trial_is_off_the_frontier(constrained_env):
-    table = frame_of(open_app()).set_index("study")
+    table = frame_of(open_app())
+    table = table.assign(study=table["study"].str.rsplit("=", n=1).str[-1]).set_index("study")  # a name is a link to its Frontier
     assert table.loc["pruned", ["complete", "pruned", "running"]].tolist() == [4, 1, 0]
     infeasible = open_app("Trial", "constrained", trial=INFEASIBLE_DOMINATING)
     assert any(w.value.startswith(f"Infeasible: {WHY}. It stays off every frontier") for w in infeasible.warning)
