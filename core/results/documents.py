@@ -188,14 +188,14 @@ def judging_code() -> str:
 # The first line of a document none of whose studies has been rerun into a bundle yet: it predates the bundles and
 # today's verdict code, and says so (``paretolab results render --check`` requires it there).
 LEGACY_BANNER = ("> **Stale: this document predates study bundles and today's verdict code.** Its numbers come from stores that are "
-                 "gone and its verdict lines do not follow the rules in the README's \"Claims and verdicts\"; it is being regenerated "
+                 "gone and its verdict lines do not follow the rules in docs/tutorials/verdicts.md; it is being regenerated "
                  "from reruns (`paretolab results status`). Read its verdicts as unchecked.")
 
 HEAD = """`cost` says whether a saving is real (a stored format or a kernel that runs) or simulated (fake quantization, masks);
 latency columns are measured on the machine that ran the study, so compare them within a table, not across machines. A
 study whose pipeline carries claims opens with each and its verdict on the stored trials: paired with the baseline on the
 same replicate (seed, calibration draw, split) and settings, one verdict per setting that varies, a 95 % interval
-carrying both the replicate-to-replicate and the example-to-example noise (README: Claims and verdicts)."""
+carrying both the replicate-to-replicate and the example-to-example noise (docs/tutorials/verdicts.md)."""
 
 
 def render_document(doc: Document, source: Any) -> str:
