@@ -146,8 +146,11 @@ typedef struct {
     Cand *cands;
     int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved: row 0 the root, 1 + b the state "b" */
     uint8_t *classes;       /* 0x110000 entries */
+    Py_ssize_t n_cands;
     IntBuf last;            /* scratch for encode_word */
     struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
+    Py_buffer backing;      /* Engine.load: the tables above point into this buffer (a memory-mapped file) */
+    int backed;
 } Engine;
 
 #define CACHE_SLOTS (1 << 16)
@@ -497,6 +500,7 @@ static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offse
         }
         tn[v].n_chain = (int32_t)(n_cands - tn[v].chain);
     }
+    e->n_cands = n_cands;
     for (int32_t v = 1; v < n; v++) {
         if (tn[v].node >= 0 || tn[v].link <= 0) continue;
         tn[v].chain = tn[tn[v].link].chain;
@@ -526,6 +530,23 @@ done:
     PyMem_Free(pos);
     PyMem_Free(row);
     return rc;
+}
+
+/* what every engine allocates for itself, built or loaded: the int objects and an empty word cache */
+static int engine_runtime(Engine *e) {
+    e->ints = PyMem_Calloc(e->n_tokens ? e->n_tokens : 1, sizeof(PyObject *));
+    if (!e->ints) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t t = 0; t < e->n_tokens; t++)
+        if (!(e->ints[t] = PyLong_FromSsize_t(t))) return -1;
+    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
+    if (!e->cache) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
 }
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
@@ -582,18 +603,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         goto done;
     }
     if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of, tests) < 0) goto done;
-    e->ints = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
-    if (!e->ints) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t t = 0; t < n; t++)
-        if (!(e->ints[t] = PyLong_FromSsize_t(t))) goto done;
-    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
-    if (!e->cache) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (engine_runtime(e) < 0) goto done;
     rc = 0;
 done:
     PyMem_Free(node_of);
@@ -608,15 +618,19 @@ done:
 
 static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->length);
-    PyMem_Free(e->node_token);
     if (e->ints)
         for (int32_t t = 0; t < e->n_tokens; t++) Py_XDECREF(e->ints[t]);
     PyMem_Free(e->ints);
-    PyMem_Free(e->node_len);
-    PyMem_Free(e->states);
-    PyMem_Free(e->cands);
-    PyMem_Free(e->shallow);
-    PyMem_Free(e->classes);
+    if (e->backed) {
+        PyBuffer_Release(&e->backing);
+    } else {
+        PyMem_Free(e->node_token);
+        PyMem_Free(e->node_len);
+        PyMem_Free(e->states);
+        PyMem_Free(e->cands);
+        PyMem_Free(e->shallow);
+        PyMem_Free(e->classes);
+    }
     PyMem_Free(e->last.data);
     PyMem_Free(e->cache);
     Py_TYPE(e)->tp_free((PyObject *)e);
@@ -758,10 +772,13 @@ static PyObject *Engine_eager_word(Engine *e, PyObject *Py_UNUSED(ignored)) {
     return (PyObject *)w;
 }
 
+static PyObject *Engine_dump(Engine *e, PyObject *Py_UNUSED(ignored));
+
 static PyMethodDef Engine_methods[] = {
     {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text with no added tokens."},
     {"encode_word", (PyCFunction)Engine_encode_word, METH_O, "BPE of one pre-token's bytes."},
     {"eager_word", (PyCFunction)Engine_eager_word, METH_NOARGS, "A new EagerWord."},
+    {"dump", (PyCFunction)Engine_dump, METH_NOARGS, "The read-only tables as bytes (load() takes them back)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -777,8 +794,156 @@ static PyTypeObject EngineType = {
     .tp_new = PyType_GenericNew,
 };
 
+
+/* ---------- the table file: Engine.dump() and load(buffer) ----------
+ * One header, then the read-only tables, each at a 64-byte aligned offset from the start of the
+ * dump (a memory-mapped file keeps them aligned). load() checks every count against the buffer's
+ * size and every index the encoder follows against its table, so a damaged dump is refused with
+ * ValueError, never read out of bounds; the caller (_cache.py) also checks a CRC and its key. */
+#define LAYOUT_VERSION 1
+#define N_SECTIONS 7
+typedef struct {
+    char magic[8];        /* "IBPEFAST" */
+    uint32_t layout, state_size, cand_size, n_sections;
+    int32_t n_tokens, n_nodes, n_slots, root_base;
+    int64_t n_cands;
+    int64_t offset[N_SECTIONS], bytes[N_SECTIONS]; /* node_token node_len byte_token states cands shallow classes */
+} DumpHeader;
+
+static void dump_sizes(const Engine *e, DumpHeader *h) {
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, "IBPEFAST", 8);
+    h->layout = LAYOUT_VERSION;
+    h->state_size = sizeof(State);
+    h->cand_size = sizeof(Cand);
+    h->n_sections = N_SECTIONS;
+    h->n_tokens = e->n_tokens, h->n_nodes = e->n_nodes, h->n_slots = e->n_slots, h->root_base = e->root_base;
+    h->n_cands = e->n_cands;
+    int64_t sizes[N_SECTIONS] = {4 * (int64_t)e->n_nodes, 4 * (int64_t)e->n_nodes, 4 * 256, (int64_t)sizeof(State) * e->n_slots,
+                                 (int64_t)sizeof(Cand) * e->n_cands, 4 * 257 * 256, 0x110000};
+    int64_t at = (sizeof(DumpHeader) + 63) & ~(int64_t)63;
+    for (int k = 0; k < N_SECTIONS; k++) {
+        h->offset[k] = at;
+        h->bytes[k] = sizes[k];
+        at = (at + sizes[k] + 63) & ~(int64_t)63;
+    }
+}
+
+static PyObject *Engine_dump(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    DumpHeader h;
+    dump_sizes(e, &h);
+    int64_t total = h.offset[N_SECTIONS - 1] + h.bytes[N_SECTIONS - 1];
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!out) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memset(p, 0, (size_t)total);
+    memcpy(p, &h, sizeof(h));
+    const void *src[N_SECTIONS] = {e->node_token, e->node_len, e->byte_token, e->states, e->cands, e->shallow, e->classes};
+    for (int k = 0; k < N_SECTIONS; k++) memcpy(p + h.offset[k], src[k], (size_t)h.bytes[k]);
+    return out;
+}
+
+#define BAD(...) do { PyErr_Format(PyExc_ValueError, "incremental BPE table file: " __VA_ARGS__); return -1; } while (0)
+
+static inline int is_state(const Engine *e, int32_t s) { return s >= 0 && s < e->n_slots && e->states[s].check != FREE; }
+
+/* every index the encoder follows, checked once (O(states + candidates)) */
+static int validate(const Engine *e) {
+    for (int32_t k = 0; k < e->n_nodes; k++) {
+        if (e->node_token[k] < (k == 0 ? -1 : 0) || e->node_token[k] >= e->n_tokens) BAD("node %d names token %d", k, e->node_token[k]);
+        if (e->node_len[k] < 0 || e->node_len[k] > 255 || (k > 0 && e->node_len[k] == 0)) BAD("node %d has length %d", k, e->node_len[k]);
+    }
+    for (int b = 0; b < 256; b++)
+        if (e->byte_token[b] < -1 || e->byte_token[b] >= e->n_tokens) BAD("byte %d maps to token %d", b, e->byte_token[b]);
+    for (int32_t k = 0; k < 0x110000; k++)
+        if (e->classes[k] > SPACE) BAD("code point %d has class %d", k, e->classes[k]);
+    if (e->n_slots < 1 || e->states[0].check == FREE) BAD("no root state");
+    if (e->root_base < 0 || e->root_base > e->n_slots) BAD("root base %d", e->root_base);
+    for (int32_t s = 0; s < e->n_slots; s++) {
+        const State *st = &e->states[s];
+        if (st->check == FREE) continue;
+        if (s > 0 && !is_state(e, st->check)) BAD("state %d has parent %d", s, st->check);
+        if (s > 0 && st->check == 0 && (s < e->root_base || s - e->root_base > 255)) BAD("depth-1 state %d outside the resolved rows", s);
+        if (st->base < -255 || st->base > e->n_slots) BAD("state %d has base %d", s, st->base);
+        if (s > 0 && st->check == 0 && st->depth != 1) BAD("depth-1 state %d says depth %d", s, st->depth);
+        if (!is_state(e, st->fail) || e->states[st->fail].depth >= st->depth + (s == 0)) BAD("state %d fails to %d", s, st->fail);
+        if (s > 0 && st->depth != e->states[st->check].depth + 1) BAD("state %d has depth %d", s, st->depth);
+        if (st->n_chain == 0) {
+            if (st->node != -1 || st->rlen != 0) BAD("state %d: no candidates, yet an inline one", s);
+            continue; /* the encoder reports "no candidate passes" */
+        }
+        if (st->chain < 0 || (int64_t)st->chain + st->n_chain > e->n_cands) BAD("state %d: candidates %d+%d", s, st->chain, st->n_chain);
+        const Cand *first = &e->cands[st->chain];
+        if (first->lo != st->lo || first->span != st->span || first->node != st->node || first->rlen != st->rlen)
+            BAD("state %d: inline candidate differs from its run", s);
+        for (int k = 0; k < st->n_chain; k++) {
+            const Cand *c = &e->cands[st->chain + k];
+            if (c->node <= 0 || c->node >= e->n_nodes) BAD("state %d: candidate node %d", s, c->node);
+            int32_t len = e->node_len[c->node];
+            if (len > st->depth || c->rlen < 0 || c->rlen >= len || (c->rlen == 0) != (len == 1))
+                BAD("state %d: candidate %d has length %d, right part %d", s, k, len, c->rlen);
+        }
+    }
+    for (int32_t k = 0; k < 257 * 256; k++)
+        if (!is_state(e, e->shallow[k])) BAD("resolved row entry %d is %d", k, e->shallow[k]);
+    return 0;
+}
+
+static PyObject *fast_load(PyObject *module, PyObject *arg) {
+    Engine *e = (Engine *)PyType_GenericAlloc(&EngineType, 0);
+    if (!e) return NULL;
+    if (PyObject_GetBuffer(arg, &e->backing, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    e->backed = 1;
+    const char *p = e->backing.buf;
+    Py_ssize_t size = e->backing.len;
+    DumpHeader h;
+    if (size < (Py_ssize_t)sizeof(h) || ((uintptr_t)p & 63)) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: too short or misaligned");
+        goto fail;
+    }
+    memcpy(&h, p, sizeof(h));
+    if (memcmp(h.magic, "IBPEFAST", 8) || h.layout != LAYOUT_VERSION || h.state_size != sizeof(State) ||
+        h.cand_size != sizeof(Cand) || h.n_sections != N_SECTIONS) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: another layout");
+        goto fail;
+    }
+    if (h.n_tokens < 0 || h.n_nodes < 1 || h.n_slots < 1 || h.n_cands < 0 || h.n_cands > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: bad counts");
+        goto fail;
+    }
+    e->n_tokens = h.n_tokens, e->n_nodes = h.n_nodes, e->n_slots = h.n_slots, e->root_base = h.root_base;
+    e->n_cands = (Py_ssize_t)h.n_cands;
+    DumpHeader want;
+    dump_sizes(e, &want);
+    for (int k = 0; k < N_SECTIONS; k++)
+        if (h.offset[k] != want.offset[k] || h.bytes[k] != want.bytes[k] || want.offset[k] + want.bytes[k] > size) {
+            PyErr_SetString(PyExc_ValueError, "incremental BPE table file: sections do not match its counts or its size");
+            goto fail;
+        }
+    e->node_token = (int32_t *)(p + h.offset[0]);
+    e->node_len = (int32_t *)(p + h.offset[1]);
+    memcpy(e->byte_token, p + h.offset[2], sizeof(e->byte_token));
+    e->states = (State *)(p + h.offset[3]);
+    e->cands = (Cand *)(p + h.offset[4]);
+    e->shallow = (int32_t *)(p + h.offset[5]);
+    e->classes = (uint8_t *)(p + h.offset[6]);
+    if (validate(e) < 0 || engine_runtime(e) < 0) goto fail;
+    return (PyObject *)e;
+fail:
+    Py_DECREF(e);
+    return NULL;
+}
+
+static PyMethodDef fast_functions[] = {
+    {"load", (PyCFunction)fast_load, METH_O, "An Engine over a dump's buffer (kept referenced, not copied); ValueError if damaged."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef fast_module = {
-    PyModuleDef_HEAD_INIT, "_fast", "C fast path of paretolab.plugins.incremental_bpe.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fast", "C fast path of paretolab.plugins.incremental_bpe.", -1, fast_functions,
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {
@@ -786,7 +951,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     PyObject *m = PyModule_Create(&fast_module);
     if (!m) return NULL;
     Py_INCREF(&EngineType);
-    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+    if (PyModule_AddIntConstant(m, "LAYOUT_VERSION", LAYOUT_VERSION) < 0 || PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);
         return NULL;
