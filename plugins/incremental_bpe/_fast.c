@@ -147,7 +147,11 @@ typedef struct {
     int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved: row 0 the root, 1 + b the state "b" */
     uint8_t *classes;       /* 0x110000 entries */
     Py_ssize_t n_cands;
-    IntBuf last;            /* scratch for encode_word */
+    IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
+    int64_t *node_out;      /* by node: token id | length << 32 (one load per emitted token) */
+    int all_bytes;          /* every byte is a token: a long word's bytes are walked as they are */
+    uint8_t *kept;          /* scratch: a long word's bytes without those the vocabulary lacks */
+    Py_ssize_t kept_cap;
     struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
     Py_buffer backing;      /* Engine.load: the tables above point into this buffer (a memory-mapped file) */
     int backed;
@@ -188,6 +192,21 @@ static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_
     return -1; /* unreachable for a consistent vocabulary */
 }
 
+/* the tokens of BPE(word[:end]), read back from last[] (nodes by position), appended to out in one pass */
+static int emit_tokens(const Engine *e, const int32_t *last, Py_ssize_t end, IntBuf *out) {
+    if (buf_reserve(out, out->len + end) < 0) return -1;
+    int32_t *top = out->data + out->len + end, *k = top; /* written backwards at the far end, then moved down */
+    for (Py_ssize_t p = end; p > 0;) {
+        int64_t info = e->node_out[last[p]];
+        *--k = (int32_t)info;
+        p -= info >> 32;
+    }
+    Py_ssize_t count = top - k;
+    memmove(out->data + out->len, k, count * sizeof(int32_t));
+    out->len += count;
+    return 0;
+}
+
 /* BPE of one pre-token, appended to out */
 static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0) return -1;
@@ -206,16 +225,83 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         }
         last[end] = u;
     }
-    Py_ssize_t count = 0;
-    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) count++;
-    if (buf_reserve(out, out->len + count) < 0) return -1;
-    Py_ssize_t k = out->len + count;
-    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) out->data[--k] = e->node_token[last[p]];
-    out->len += count;
-    return 0;
+    return emit_tokens(e, last, end, out);
+}
+
+/* Long words (runs without spaces: unspaced letters, CJK, base64 lines, emoji runs). On these the
+ * cost was the automaton walk: one dependent chain of loads a byte (a state, then its child's
+ * check, a fail link on a miss), so every cache miss stalled the byte. Here WALKS walks go over
+ * WALKS segments at once and their misses overlap. Walk k starts at the root at its segment's
+ * start: its state is the longest trie suffix of the bytes since then, which is the true state
+ * once the true one is no deeper than that, so after the walks, each segment is re-walked from the
+ * (by then true) state before it until it meets its own walk's state, from where they agree: at
+ * most the deepest state's length (255 bytes) per segment, usually a few. The candidate tests then
+ * run over the known states, with the state records prefetched ahead. Bytes the vocabulary lacks
+ * (HF drops them) are taken out first. */
+#define WALKS 4
+#define LONG_WORD 512
+#define PREFETCH_AHEAD 12
+
+static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st) {
+    Py_ssize_t seg = n / WALKS;
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    const uint8_t *w0 = w, *w1 = w + seg, *w2 = w + 2 * seg, *w3 = w + 3 * seg;
+    int32_t *t0 = st, *t1 = st + seg, *t2 = st + 2 * seg, *t3 = st + 3 * seg;
+    for (Py_ssize_t j = 0; j < seg; j++) {
+        s0 = ac_step(e, s0, w0[j]);
+        s1 = ac_step(e, s1, w1[j]);
+        s2 = ac_step(e, s2, w2[j]);
+        s3 = ac_step(e, s3, w3[j]);
+        t0[j] = s0, t1[j] = s1, t2[j] = s2, t3[j] = s3;
+    }
+    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = ac_step(e, s3, w[p]);
+    for (int k = 1; k < WALKS; k++) {
+        int32_t t = st[k * seg - 1];
+        for (Py_ssize_t p = k * seg; p < n; p++) {
+            t = ac_step(e, t, w[p]);
+            if (t == st[p]) break;
+            st[p] = t;
+        }
+    }
+}
+
+static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0) return -1;
+    if (!e->all_bytes) {
+        if (e->kept_cap < n) {
+            uint8_t *k = PyMem_Realloc(e->kept, n);
+            if (!k) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            e->kept = k, e->kept_cap = n;
+        }
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            e->kept[m] = w[i];
+            m += e->byte_token[w[i]] >= 0;
+        }
+        w = e->kept, n = m;
+        if (n == 0) return 0;
+    }
+    int32_t *last = e->last.data;
+    const int32_t *st = e->walk.data;
+    walk_states(e, w, n, e->walk.data);
+    last[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&e->states[st[i + PREFETCH_AHEAD]]);
+        int32_t u = last_token(e, last, 0, i + 1, st[i]);
+        if (u < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
+            return -1;
+        }
+        last[i + 1] = u;
+    }
+    return emit_tokens(e, last, n, out);
 }
 
 static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (n >= LONG_WORD) return bpe_long_word(e, w, n, out);
     if (n == 0 || n > CACHE_WORD || !e->cache) return bpe_word_uncached(e, w, n, out);
     CacheEntry *c = &e->cache[word_hash(w, n) & (CACHE_SLOTS - 1)];
     if (c->len == n && memcmp(c->bytes, w, n) == 0) {
@@ -542,10 +628,15 @@ static int engine_runtime(Engine *e) {
     for (Py_ssize_t t = 0; t < e->n_tokens; t++)
         if (!(e->ints[t] = PyLong_FromSsize_t(t))) return -1;
     e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
-    if (!e->cache) {
+    e->node_out = PyMem_Malloc((size_t)e->n_nodes * sizeof(int64_t));
+    if (!e->cache || !e->node_out) {
         PyErr_NoMemory();
         return -1;
     }
+    for (int32_t k = 0; k < e->n_nodes; k++)
+        e->node_out[k] = (int64_t)(uint32_t)(e->node_token[k] < 0 ? 0 : e->node_token[k]) | ((int64_t)e->node_len[k] << 32);
+    e->all_bytes = 1;
+    for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
     return 0;
 }
 
@@ -632,6 +723,9 @@ static void Engine_dealloc(Engine *e) {
         PyMem_Free(e->classes);
     }
     PyMem_Free(e->last.data);
+    PyMem_Free(e->walk.data);
+    PyMem_Free(e->kept);
+    PyMem_Free(e->node_out);
     PyMem_Free(e->cache);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
