@@ -108,9 +108,10 @@ class IncrementalBPE:
                 warnings.warn(f"IncrementalBPE: using the Python reference: {exc}", stacklevel=2)
         self._setup(tables, None, engine if engine is not None else _PythonEngine(tables), tables.specials)
 
-    def _setup(self, tables: BPETables | None, spec: str | None, engine: Any, specials: list[SpecialToken]) -> None:
+    def _setup(self, tables: BPETables | None, spec: str | None, engine: Any, specials: list[SpecialToken], key: str | None = None) -> None:
         self._tables = tables
         self._spec = spec  # where ``tables`` comes from when the engine came from a table file
+        self._key = key  # that file's key
         self.backend = "python" if isinstance(engine, _PythonEngine) else "c"
         self._engine = engine
         self._specials = SpecialSplitter(specials)
@@ -136,12 +137,21 @@ class IncrementalBPE:
         hit = _cache.load(key) if key is not None else None
         if hit is not None:
             self = cls.__new__(cls)
-            self._setup(None, spec, hit[0], hit[1])
+            self._setup(None, spec, hit[0], hit[1], key)
             return self
         self = cls(tables_from_spec(spec), backend=backend, cache=False)
         if key is not None and self.backend == "c":
             _cache.store(key, self._engine, self.tables.specials)
         return self
+
+    def fresh(self) -> IncrementalBPE:
+        """A new tokenizer over the same vocabulary with an empty word cache (from the same table file when there is one)."""
+        hit = _cache.load(self._key) if self._key is not None else None
+        if hit is None:
+            return IncrementalBPE(self.tables, backend=self.backend)
+        other = IncrementalBPE.__new__(IncrementalBPE)
+        other._setup(self._tables, self._spec, hit[0], hit[1], self._key)
+        return other
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens written in the text are recognised, as in HF."""

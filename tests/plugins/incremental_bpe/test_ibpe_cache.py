@@ -137,3 +137,12 @@ def test_an_unwritable_folder_only_costs_the_file(tmp_path: Path, monkeypatch: p
     tok = IncrementalBPE.from_hf(hf)
     assert tok.backend == "c" and tok.encode(SAMPLE) == hf_ids(SAMPLE)
     assert _cache.load(_cache.spec_key("x")) is None
+
+
+def test_fresh_comes_from_the_same_file_with_an_empty_word_cache(cache: Path, hf: Any, hf_ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    IncrementalBPE.from_hf(hf)
+    loaded = IncrementalBPE.from_hf(hf)
+    _no_build(monkeypatch)
+    fresh = loaded.fresh()
+    assert fresh._engine is not loaded._engine and fresh._tables is None
+    assert fresh.encode(SAMPLE) == hf_ids(SAMPLE)
