@@ -9,7 +9,15 @@ Worst case (the paper's headline): each byte costs one amortised automaton step 
 whatever the input. The paper's own structure is the same forest, searched with centroid trees
 for O(log² t); ours scans the candidates in order, fewer steps at this vocabulary's 45.
 ``benchmarks/tokenizer.py`` measures it on runs of every punctuation character, unspaced
-letters, digits, multi-byte runs and merge chains, first-seen and warm, beside HF and tiktoken.
+letters, digits, multi-byte runs, merge chains and inputs it was not tuned on (``_inputs.py``:
+base64, hex, URLs, minified code, CJK without spaces, an emoji run), at 20 kB, 200 kB and 2 MB,
+first-seen and warm, against prose from two corpora, beside HF and tiktoken
+(``docs/tokenizer_cpu.json``). Words of 512 bytes or more walk the automaton in four interleaved
+segments (``_fast.c``), so the walk's cache misses overlap.
+
+Construction: the C engine's tables are kept in a table file per vocabulary
+(``$PARETOLAB_CACHE/incremental_bpe``, ``_cache.py``), memory-mapped by every later process and
+checked before use (format, sizes, CRC, key, every index); a damaged or stale file is rebuilt.
 
 Fast path: a C extension (``_fast.c``), not numba. It needs only gcc and the Python headers,
 which every machine that runs ``pip install -e .`` has; numba would add a ~100 MB dependency
@@ -148,7 +156,7 @@ def measure_tokenizer(bpe: IncrementalBPE, *, repeats: int = 40, chunk_chars: in
     """The four ``tok_*`` metrics: throughput on first-seen text, streaming latency, worst case (seconds with the C path)."""
     from paretolab.data import load_corpus
 
-    fresh = IncrementalBPE(bpe.tables, backend=bpe.backend)  # its word cache is empty
+    fresh = bpe.fresh()  # its word cache is empty
     text = load_corpus(THROUGHPUT_CORPUS)[0][:corpus_chars]
     size = len(text.encode("utf-8"))
     start = time.perf_counter()

@@ -146,8 +146,15 @@ typedef struct {
     Cand *cands;
     int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved: row 0 the root, 1 + b the state "b" */
     uint8_t *classes;       /* 0x110000 entries */
-    IntBuf last;            /* scratch for encode_word */
+    Py_ssize_t n_cands;
+    IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
+    int64_t *node_out;      /* by node: token id | length << 32 (one load per emitted token) */
+    int all_bytes;          /* every byte is a token: a long word's bytes are walked as they are */
+    uint8_t *kept;          /* scratch: a long word's bytes without those the vocabulary lacks */
+    Py_ssize_t kept_cap;
     struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
+    Py_buffer backing;      /* Engine.load: the tables above point into this buffer (a memory-mapped file) */
+    int backed;
 } Engine;
 
 #define CACHE_SLOTS (1 << 16)
@@ -185,6 +192,21 @@ static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_
     return -1; /* unreachable for a consistent vocabulary */
 }
 
+/* the tokens of BPE(word[:end]), read back from last[] (nodes by position), appended to out in one pass */
+static int emit_tokens(const Engine *e, const int32_t *last, Py_ssize_t end, IntBuf *out) {
+    if (buf_reserve(out, out->len + end) < 0) return -1;
+    int32_t *top = out->data + out->len + end, *k = top; /* written backwards at the far end, then moved down */
+    for (Py_ssize_t p = end; p > 0;) {
+        int64_t info = e->node_out[last[p]];
+        *--k = (int32_t)info;
+        p -= info >> 32;
+    }
+    Py_ssize_t count = top - k;
+    memmove(out->data + out->len, k, count * sizeof(int32_t));
+    out->len += count;
+    return 0;
+}
+
 /* BPE of one pre-token, appended to out */
 static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0) return -1;
@@ -203,16 +225,83 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         }
         last[end] = u;
     }
-    Py_ssize_t count = 0;
-    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) count++;
-    if (buf_reserve(out, out->len + count) < 0) return -1;
-    Py_ssize_t k = out->len + count;
-    for (Py_ssize_t p = end; p > 0; p -= e->node_len[last[p]]) out->data[--k] = e->node_token[last[p]];
-    out->len += count;
-    return 0;
+    return emit_tokens(e, last, end, out);
+}
+
+/* Long words (runs without spaces: unspaced letters, CJK, base64 lines, emoji runs). On these the
+ * cost was the automaton walk: one dependent chain of loads a byte (a state, then its child's
+ * check, a fail link on a miss), so every cache miss stalled the byte. Here WALKS walks go over
+ * WALKS segments at once and their misses overlap. Walk k starts at the root at its segment's
+ * start: its state is the longest trie suffix of the bytes since then, which is the true state
+ * once the true one is no deeper than that, so after the walks, each segment is re-walked from the
+ * (by then true) state before it until it meets its own walk's state, from where they agree: at
+ * most the deepest state's length (255 bytes) per segment, usually a few. The candidate tests then
+ * run over the known states, with the state records prefetched ahead. Bytes the vocabulary lacks
+ * (HF drops them) are taken out first. */
+#define WALKS 4
+#define LONG_WORD 512
+#define PREFETCH_AHEAD 12
+
+static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st) {
+    Py_ssize_t seg = n / WALKS;
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    const uint8_t *w0 = w, *w1 = w + seg, *w2 = w + 2 * seg, *w3 = w + 3 * seg;
+    int32_t *t0 = st, *t1 = st + seg, *t2 = st + 2 * seg, *t3 = st + 3 * seg;
+    for (Py_ssize_t j = 0; j < seg; j++) {
+        s0 = ac_step(e, s0, w0[j]);
+        s1 = ac_step(e, s1, w1[j]);
+        s2 = ac_step(e, s2, w2[j]);
+        s3 = ac_step(e, s3, w3[j]);
+        t0[j] = s0, t1[j] = s1, t2[j] = s2, t3[j] = s3;
+    }
+    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = ac_step(e, s3, w[p]);
+    for (int k = 1; k < WALKS; k++) {
+        int32_t t = st[k * seg - 1];
+        for (Py_ssize_t p = k * seg; p < n; p++) {
+            t = ac_step(e, t, w[p]);
+            if (t == st[p]) break;
+            st[p] = t;
+        }
+    }
+}
+
+static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0) return -1;
+    if (!e->all_bytes) {
+        if (e->kept_cap < n) {
+            uint8_t *k = PyMem_Realloc(e->kept, n);
+            if (!k) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            e->kept = k, e->kept_cap = n;
+        }
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            e->kept[m] = w[i];
+            m += e->byte_token[w[i]] >= 0;
+        }
+        w = e->kept, n = m;
+        if (n == 0) return 0;
+    }
+    int32_t *last = e->last.data;
+    const int32_t *st = e->walk.data;
+    walk_states(e, w, n, e->walk.data);
+    last[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&e->states[st[i + PREFETCH_AHEAD]]);
+        int32_t u = last_token(e, last, 0, i + 1, st[i]);
+        if (u < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
+            return -1;
+        }
+        last[i + 1] = u;
+    }
+    return emit_tokens(e, last, n, out);
 }
 
 static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (n >= LONG_WORD) return bpe_long_word(e, w, n, out);
     if (n == 0 || n > CACHE_WORD || !e->cache) return bpe_word_uncached(e, w, n, out);
     CacheEntry *c = &e->cache[word_hash(w, n) & (CACHE_SLOTS - 1)];
     if (c->len == n && memcmp(c->bytes, w, n) == 0) {
@@ -497,6 +586,7 @@ static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offse
         }
         tn[v].n_chain = (int32_t)(n_cands - tn[v].chain);
     }
+    e->n_cands = n_cands;
     for (int32_t v = 1; v < n; v++) {
         if (tn[v].node >= 0 || tn[v].link <= 0) continue;
         tn[v].chain = tn[tn[v].link].chain;
@@ -526,6 +616,28 @@ done:
     PyMem_Free(pos);
     PyMem_Free(row);
     return rc;
+}
+
+/* what every engine allocates for itself, built or loaded: the int objects and an empty word cache */
+static int engine_runtime(Engine *e) {
+    e->ints = PyMem_Calloc(e->n_tokens ? e->n_tokens : 1, sizeof(PyObject *));
+    if (!e->ints) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t t = 0; t < e->n_tokens; t++)
+        if (!(e->ints[t] = PyLong_FromSsize_t(t))) return -1;
+    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
+    e->node_out = PyMem_Malloc((size_t)e->n_nodes * sizeof(int64_t));
+    if (!e->cache || !e->node_out) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int32_t k = 0; k < e->n_nodes; k++)
+        e->node_out[k] = (int64_t)(uint32_t)(e->node_token[k] < 0 ? 0 : e->node_token[k]) | ((int64_t)e->node_len[k] << 32);
+    e->all_bytes = 1;
+    for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
+    return 0;
 }
 
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
@@ -582,18 +694,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
         goto done;
     }
     if (build_automaton(e, (const uint8_t *)PyBytes_AS_STRING(bytes_obj), offset, node_of, tests) < 0) goto done;
-    e->ints = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
-    if (!e->ints) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t t = 0; t < n; t++)
-        if (!(e->ints[t] = PyLong_FromSsize_t(t))) goto done;
-    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
-    if (!e->cache) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (engine_runtime(e) < 0) goto done;
     rc = 0;
 done:
     PyMem_Free(node_of);
@@ -608,16 +709,23 @@ done:
 
 static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->length);
-    PyMem_Free(e->node_token);
     if (e->ints)
         for (int32_t t = 0; t < e->n_tokens; t++) Py_XDECREF(e->ints[t]);
     PyMem_Free(e->ints);
-    PyMem_Free(e->node_len);
-    PyMem_Free(e->states);
-    PyMem_Free(e->cands);
-    PyMem_Free(e->shallow);
-    PyMem_Free(e->classes);
+    if (e->backed) {
+        PyBuffer_Release(&e->backing);
+    } else {
+        PyMem_Free(e->node_token);
+        PyMem_Free(e->node_len);
+        PyMem_Free(e->states);
+        PyMem_Free(e->cands);
+        PyMem_Free(e->shallow);
+        PyMem_Free(e->classes);
+    }
     PyMem_Free(e->last.data);
+    PyMem_Free(e->walk.data);
+    PyMem_Free(e->kept);
+    PyMem_Free(e->node_out);
     PyMem_Free(e->cache);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
@@ -758,10 +866,13 @@ static PyObject *Engine_eager_word(Engine *e, PyObject *Py_UNUSED(ignored)) {
     return (PyObject *)w;
 }
 
+static PyObject *Engine_dump(Engine *e, PyObject *Py_UNUSED(ignored));
+
 static PyMethodDef Engine_methods[] = {
     {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text with no added tokens."},
     {"encode_word", (PyCFunction)Engine_encode_word, METH_O, "BPE of one pre-token's bytes."},
     {"eager_word", (PyCFunction)Engine_eager_word, METH_NOARGS, "A new EagerWord."},
+    {"dump", (PyCFunction)Engine_dump, METH_NOARGS, "The read-only tables as bytes (load() takes them back)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -777,8 +888,156 @@ static PyTypeObject EngineType = {
     .tp_new = PyType_GenericNew,
 };
 
+
+/* ---------- the table file: Engine.dump() and load(buffer) ----------
+ * One header, then the read-only tables, each at a 64-byte aligned offset from the start of the
+ * dump (a memory-mapped file keeps them aligned). load() checks every count against the buffer's
+ * size and every index the encoder follows against its table, so a damaged dump is refused with
+ * ValueError, never read out of bounds; the caller (_cache.py) also checks a CRC and its key. */
+#define LAYOUT_VERSION 1
+#define N_SECTIONS 7
+typedef struct {
+    char magic[8];        /* "IBPEFAST" */
+    uint32_t layout, state_size, cand_size, n_sections;
+    int32_t n_tokens, n_nodes, n_slots, root_base;
+    int64_t n_cands;
+    int64_t offset[N_SECTIONS], bytes[N_SECTIONS]; /* node_token node_len byte_token states cands shallow classes */
+} DumpHeader;
+
+static void dump_sizes(const Engine *e, DumpHeader *h) {
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, "IBPEFAST", 8);
+    h->layout = LAYOUT_VERSION;
+    h->state_size = sizeof(State);
+    h->cand_size = sizeof(Cand);
+    h->n_sections = N_SECTIONS;
+    h->n_tokens = e->n_tokens, h->n_nodes = e->n_nodes, h->n_slots = e->n_slots, h->root_base = e->root_base;
+    h->n_cands = e->n_cands;
+    int64_t sizes[N_SECTIONS] = {4 * (int64_t)e->n_nodes, 4 * (int64_t)e->n_nodes, 4 * 256, (int64_t)sizeof(State) * e->n_slots,
+                                 (int64_t)sizeof(Cand) * e->n_cands, 4 * 257 * 256, 0x110000};
+    int64_t at = (sizeof(DumpHeader) + 63) & ~(int64_t)63;
+    for (int k = 0; k < N_SECTIONS; k++) {
+        h->offset[k] = at;
+        h->bytes[k] = sizes[k];
+        at = (at + sizes[k] + 63) & ~(int64_t)63;
+    }
+}
+
+static PyObject *Engine_dump(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    DumpHeader h;
+    dump_sizes(e, &h);
+    int64_t total = h.offset[N_SECTIONS - 1] + h.bytes[N_SECTIONS - 1];
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!out) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memset(p, 0, (size_t)total);
+    memcpy(p, &h, sizeof(h));
+    const void *src[N_SECTIONS] = {e->node_token, e->node_len, e->byte_token, e->states, e->cands, e->shallow, e->classes};
+    for (int k = 0; k < N_SECTIONS; k++) memcpy(p + h.offset[k], src[k], (size_t)h.bytes[k]);
+    return out;
+}
+
+#define BAD(...) do { PyErr_Format(PyExc_ValueError, "incremental BPE table file: " __VA_ARGS__); return -1; } while (0)
+
+static inline int is_state(const Engine *e, int32_t s) { return s >= 0 && s < e->n_slots && e->states[s].check != FREE; }
+
+/* every index the encoder follows, checked once (O(states + candidates)) */
+static int validate(const Engine *e) {
+    for (int32_t k = 0; k < e->n_nodes; k++) {
+        if (e->node_token[k] < (k == 0 ? -1 : 0) || e->node_token[k] >= e->n_tokens) BAD("node %d names token %d", k, e->node_token[k]);
+        if (e->node_len[k] < 0 || e->node_len[k] > 255 || (k > 0 && e->node_len[k] == 0)) BAD("node %d has length %d", k, e->node_len[k]);
+    }
+    for (int b = 0; b < 256; b++)
+        if (e->byte_token[b] < -1 || e->byte_token[b] >= e->n_tokens) BAD("byte %d maps to token %d", b, e->byte_token[b]);
+    for (int32_t k = 0; k < 0x110000; k++)
+        if (e->classes[k] > SPACE) BAD("code point %d has class %d", k, e->classes[k]);
+    if (e->n_slots < 1 || e->states[0].check == FREE) BAD("no root state");
+    if (e->root_base < 0 || e->root_base > e->n_slots) BAD("root base %d", e->root_base);
+    for (int32_t s = 0; s < e->n_slots; s++) {
+        const State *st = &e->states[s];
+        if (st->check == FREE) continue;
+        if (s > 0 && !is_state(e, st->check)) BAD("state %d has parent %d", s, st->check);
+        if (s > 0 && st->check == 0 && (s < e->root_base || s - e->root_base > 255)) BAD("depth-1 state %d outside the resolved rows", s);
+        if (st->base < -255 || st->base > e->n_slots) BAD("state %d has base %d", s, st->base);
+        if (s > 0 && st->check == 0 && st->depth != 1) BAD("depth-1 state %d says depth %d", s, st->depth);
+        if (!is_state(e, st->fail) || e->states[st->fail].depth >= st->depth + (s == 0)) BAD("state %d fails to %d", s, st->fail);
+        if (s > 0 && st->depth != e->states[st->check].depth + 1) BAD("state %d has depth %d", s, st->depth);
+        if (st->n_chain == 0) {
+            if (st->node != -1 || st->rlen != 0) BAD("state %d: no candidates, yet an inline one", s);
+            continue; /* the encoder reports "no candidate passes" */
+        }
+        if (st->chain < 0 || (int64_t)st->chain + st->n_chain > e->n_cands) BAD("state %d: candidates %d+%d", s, st->chain, st->n_chain);
+        const Cand *first = &e->cands[st->chain];
+        if (first->lo != st->lo || first->span != st->span || first->node != st->node || first->rlen != st->rlen)
+            BAD("state %d: inline candidate differs from its run", s);
+        for (int k = 0; k < st->n_chain; k++) {
+            const Cand *c = &e->cands[st->chain + k];
+            if (c->node <= 0 || c->node >= e->n_nodes) BAD("state %d: candidate node %d", s, c->node);
+            int32_t len = e->node_len[c->node];
+            if (len > st->depth || c->rlen < 0 || c->rlen >= len || (c->rlen == 0) != (len == 1))
+                BAD("state %d: candidate %d has length %d, right part %d", s, k, len, c->rlen);
+        }
+    }
+    for (int32_t k = 0; k < 257 * 256; k++)
+        if (!is_state(e, e->shallow[k])) BAD("resolved row entry %d is %d", k, e->shallow[k]);
+    return 0;
+}
+
+static PyObject *fast_load(PyObject *module, PyObject *arg) {
+    Engine *e = (Engine *)PyType_GenericAlloc(&EngineType, 0);
+    if (!e) return NULL;
+    if (PyObject_GetBuffer(arg, &e->backing, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    e->backed = 1;
+    const char *p = e->backing.buf;
+    Py_ssize_t size = e->backing.len;
+    DumpHeader h;
+    if (size < (Py_ssize_t)sizeof(h) || ((uintptr_t)p & 63)) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: too short or misaligned");
+        goto fail;
+    }
+    memcpy(&h, p, sizeof(h));
+    if (memcmp(h.magic, "IBPEFAST", 8) || h.layout != LAYOUT_VERSION || h.state_size != sizeof(State) ||
+        h.cand_size != sizeof(Cand) || h.n_sections != N_SECTIONS) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: another layout");
+        goto fail;
+    }
+    if (h.n_tokens < 0 || h.n_nodes < 1 || h.n_slots < 1 || h.n_cands < 0 || h.n_cands > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "incremental BPE table file: bad counts");
+        goto fail;
+    }
+    e->n_tokens = h.n_tokens, e->n_nodes = h.n_nodes, e->n_slots = h.n_slots, e->root_base = h.root_base;
+    e->n_cands = (Py_ssize_t)h.n_cands;
+    DumpHeader want;
+    dump_sizes(e, &want);
+    for (int k = 0; k < N_SECTIONS; k++)
+        if (h.offset[k] != want.offset[k] || h.bytes[k] != want.bytes[k] || want.offset[k] + want.bytes[k] > size) {
+            PyErr_SetString(PyExc_ValueError, "incremental BPE table file: sections do not match its counts or its size");
+            goto fail;
+        }
+    e->node_token = (int32_t *)(p + h.offset[0]);
+    e->node_len = (int32_t *)(p + h.offset[1]);
+    memcpy(e->byte_token, p + h.offset[2], sizeof(e->byte_token));
+    e->states = (State *)(p + h.offset[3]);
+    e->cands = (Cand *)(p + h.offset[4]);
+    e->shallow = (int32_t *)(p + h.offset[5]);
+    e->classes = (uint8_t *)(p + h.offset[6]);
+    if (validate(e) < 0 || engine_runtime(e) < 0) goto fail;
+    return (PyObject *)e;
+fail:
+    Py_DECREF(e);
+    return NULL;
+}
+
+static PyMethodDef fast_functions[] = {
+    {"load", (PyCFunction)fast_load, METH_O, "An Engine over a dump's buffer (kept referenced, not copied); ValueError if damaged."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef fast_module = {
-    PyModuleDef_HEAD_INIT, "_fast", "C fast path of paretolab.plugins.incremental_bpe.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fast", "C fast path of paretolab.plugins.incremental_bpe.", -1, fast_functions,
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {
@@ -786,7 +1045,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     PyObject *m = PyModule_Create(&fast_module);
     if (!m) return NULL;
     Py_INCREF(&EngineType);
-    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+    if (PyModule_AddIntConstant(m, "LAYOUT_VERSION", LAYOUT_VERSION) < 0 || PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
         Py_DECREF(&EngineType);
         Py_DECREF(m);
         return NULL;

@@ -15,7 +15,8 @@ from paretolab.plugins.incremental_bpe._pretokenize import (
     pretokenize,
 )
 from paretolab.plugins.incremental_bpe._reference import ReferenceBPE
-from paretolab.plugins.incremental_bpe._vocab import BPETables, tables_from_hf
+from paretolab.plugins.incremental_bpe import _cache
+from paretolab.plugins.incremental_bpe._vocab import BPETables, SpecialToken, hf_spec, tables_from_spec
 
 BACKENDS = ("auto", "c", "python")
 
@@ -63,6 +64,17 @@ def _c_engine(tables: BPETables) -> Any:
     )
 
 
+def _c_engine_cached(tables: BPETables, key: str | None = None) -> Any:
+    """The C engine for ``tables``: from its table file when a sound one exists, else built and stored."""
+    key = key or _cache.tables_key(tables)
+    hit = _cache.load(key)
+    if hit is not None:
+        return hit[0]
+    engine = _c_engine(tables)
+    _cache.store(key, engine, tables.specials)
+    return engine
+
+
 def c_extension_available() -> bool:
     """Whether the compiled fast path (``_fast``) was built by ``pip install -e .``."""
     try:
@@ -77,28 +89,69 @@ class IncrementalBPE:
 
     ``encode(text)`` equals ``hf.encode(text, add_special_tokens=False)``; ``stream()`` takes
     text in arbitrary pieces and returns each token as soon as it is final.
+
+    The C engine's tables are kept in a table file per vocabulary (``_cache.py``; ``cache=False``
+    or ``PARETOLAB_IBPE_CACHE=0`` turns it off): a process that finds a sound one maps it in
+    milliseconds instead of building for half a second, and ``tables`` is then read on first use.
     """
 
-    def __init__(self, tables: BPETables, *, backend: str = "auto") -> None:
+    def __init__(self, tables: BPETables, *, backend: str = "auto", cache: bool = True) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"IncrementalBPE: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         engine: Any = None
         if backend == "c" or (backend == "auto" and c_extension_available()):
             try:
-                engine = _c_engine(tables)
+                engine = _c_engine_cached(tables) if cache and _cache.enabled() else _c_engine(tables)
             except ValueError as exc:  # a vocabulary past the C path's limits (a token over 255 bytes)
                 if backend == "c":
                     raise ConfigError(f"IncrementalBPE: backend='c' cannot take this vocabulary: {exc}") from exc
                 warnings.warn(f"IncrementalBPE: using the Python reference: {exc}", stacklevel=2)
-        self.tables = tables
-        self.backend = "c" if engine is not None else "python"
-        self._engine = engine if engine is not None else _PythonEngine(tables)
-        self._specials = SpecialSplitter(tables.specials)
+        self._setup(tables, None, engine if engine is not None else _PythonEngine(tables), tables.specials)
+
+    def _setup(self, tables: BPETables | None, spec: str | None, engine: Any, specials: list[SpecialToken], key: str | None = None) -> None:
+        self._tables = tables
+        self._spec = spec  # where ``tables`` comes from when the engine came from a table file
+        self._key = key  # that file's key
+        self.backend = "python" if isinstance(engine, _PythonEngine) else "c"
+        self._engine = engine
+        self._specials = SpecialSplitter(specials)
+
+    @property
+    def tables(self) -> BPETables:
+        """Token bytes and merges (read from the tokenizer's spec on first use after a table-file load)."""
+        if self._tables is None:
+            assert self._spec is not None
+            self._tables = tables_from_spec(self._spec)
+        return self._tables
 
     @classmethod
-    def from_hf(cls, hf_tokenizer: Any, *, backend: str = "auto") -> IncrementalBPE:
-        """Build from a `transformers` tokenizer (or a `tokenizers.Tokenizer`)."""
-        return cls(tables_from_hf(hf_tokenizer), backend=backend)
+    def from_hf(cls, hf_tokenizer: Any, *, backend: str = "auto", cache: bool = True) -> IncrementalBPE:
+        """Build from a `transformers` tokenizer (or a `tokenizers.Tokenizer`).
+
+        With the C engine, the table file is keyed by the tokenizer's serialized spec: a process
+        that finds it reads neither the vocabulary nor the merges into Python.
+        """
+        spec = hf_spec(hf_tokenizer)
+        use_file = cache and _cache.enabled() and backend in ("auto", "c") and c_extension_available()
+        key = _cache.spec_key(spec) if use_file else None
+        hit = _cache.load(key) if key is not None else None
+        if hit is not None:
+            self = cls.__new__(cls)
+            self._setup(None, spec, hit[0], hit[1], key)
+            return self
+        self = cls(tables_from_spec(spec), backend=backend, cache=False)
+        if key is not None and self.backend == "c":
+            _cache.store(key, self._engine, self.tables.specials)
+        return self
+
+    def fresh(self) -> IncrementalBPE:
+        """A new tokenizer over the same vocabulary with an empty word cache (from the same table file when there is one)."""
+        hit = _cache.load(self._key) if self._key is not None else None
+        if hit is None:
+            return IncrementalBPE(self.tables, backend=self.backend)
+        other = IncrementalBPE.__new__(IncrementalBPE)
+        other._setup(self._tables, self._spec, hit[0], hit[1], self._key)
+        return other
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens written in the text are recognised, as in HF."""

@@ -112,8 +112,17 @@ class BPETables:
 
 def tables_from_hf(hf_tokenizer: Any) -> BPETables:
     """Read a `transformers`/`tokenizers` tokenizer, refusing anything not reproduced exactly."""
-    backend = getattr(hf_tokenizer, "backend_tokenizer", hf_tokenizer)
-    spec = json.loads(backend.to_str())
+    return tables_from_spec(hf_spec(hf_tokenizer))
+
+
+def hf_spec(hf_tokenizer: Any) -> str:
+    """The tokenizer's serialized spec (``tokenizers.Tokenizer.to_str()``)."""
+    return str(getattr(hf_tokenizer, "backend_tokenizer", hf_tokenizer).to_str())
+
+
+def tables_from_spec(spec_json: str) -> BPETables:
+    """Tables from a serialized ``tokenizers`` spec, refusing anything not reproduced exactly."""
+    spec = json.loads(spec_json)
     check_supported(spec)
     model = spec["model"]
     vocab: dict[str, int] = model["vocab"]

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paretolab.plugins.incremental_bpe import IncrementalBPE
+from paretolab.plugins.incremental_bpe._inputs import UNTUNED, gen_letters
 from paretolab.plugins.incremental_bpe._pretokenize import SpecialSplitter
 from paretolab.plugins.incremental_bpe._unicode_classes import (
     class_table,
@@ -98,6 +99,38 @@ PATHOLOGICAL = {
 def test_pathological_strings_are_identical(name: str, tok: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
     text = PATHOLOGICAL[name] if tok.backend == "c" else PATHOLOGICAL[name][:3000]
     assert tok.encode(text) == hf_ids(text)
+
+
+@pytest.mark.parametrize("name", sorted(UNTUNED))
+def test_the_untuned_worst_case_inputs_are_identical(name: str, tok: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    text = UNTUNED[name](200_000 if tok.backend == "c" else 3_000)
+    assert tok.encode(text) == hf_ids(text)
+
+
+# Words from 512 bytes on are walked by the automaton in four interleaved segments, each started at
+# the root and then re-synchronised: runs whose states are deep (dashes: tokens of up to 64 of them)
+# make the re-walk long; lengths around the thresholds and the segment size put the seams anywhere.
+LONG_WORDS = {
+    "dashes": "-",
+    "spaces then a letter": " ",
+    "equals": "=",
+    "one letter": "a",
+    "pairs": "ab",
+    "a word": "information",
+    "a 25-byte token": "ManagementPlaneProtection",
+    "emoji": "😀",
+    "letters": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_WORDS))
+def test_long_words_are_identical_wherever_the_segments_start(name: str, tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    unit = LONG_WORDS[name]
+    for n in (511, 512, 513, 515, 700, 1024, 1031, 4099, 65_537):
+        text = gen_letters(n, seed=n) if unit is None else (unit * n)[:n]
+        if name == "spaces then a letter":
+            text = text[:-1] + "x"
+        assert tok_c.encode(text) == hf_ids(text), (name, n)
 
 
 _ALPHABET = st.sampled_from(
