@@ -39,6 +39,20 @@ def mean_with_stderr(name: str, values: Sequence[float]) -> dict[str, float]:
     return out
 
 
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` and its ``level`` Student-t interval (NaN bounds below two values)."""
+    v = np.asarray([float(x) for x in values], dtype=float)
+    if len(v) == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, float("nan"), float("nan")
+    from scipy.stats import t
+
+    half = float(t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return mean, mean - half, mean + half
+
+
 def per_example_json(unit: str, scores: dict[str, Sequence[float]], weights: Sequence[float] | None = None) -> str:
     """The ``per_example.json`` artifact text for a task's per-example (or per-window) scores."""
     n = len(next(iter(scores.values()))) if scores else 0
