@@ -167,7 +167,7 @@ Z95 = 1.959964
 
 
 def interval(metrics: dict[str, Any], metric: str) -> tuple[float, float] | None:
-    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, else value ± 1.96 stderr.
+    """A metric's logged 95 % interval: ``ppl_ci_low/high`` for ppl, log of them for nll, ``METRIC_ci_low/high`` where logged, else value ± 1.96 stderr.
 
     None when the numbers are missing or not finite (a NaN from a table of trials that lack them).
     """
@@ -183,6 +183,9 @@ def interval(metrics: dict[str, Any], metric: str) -> tuple[float, float] | None
         if low is None or high is None:
             return None
         return (low, high) if metric == "ppl" else (math.log(low), math.log(high))
+    low, high = number(f"{metric}_ci_low"), number(f"{metric}_ci_high")
+    if low is not None and high is not None:  # an interval logged as its ends (e.g. a t-interval over repeats)
+        return low, high
     value, se = number(metric), number(f"{metric}_stderr")
     if value is None or se is None:
         return None

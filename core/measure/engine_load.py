@@ -16,7 +16,8 @@ Per level and repeat (:func:`level_figures`):
 - ``ttft_p50_s`` / ``ttft_p99_s``: percentiles of the requests' times to first token;
 - ``itl_p50_s`` / ``itl_p99_s``: percentiles of the gaps between successive text chunks, all requests pooled;
 - ``tok_s``: output tokens of the repeat / its wall time (first send to last end): the server's aggregate rate;
-- ``tok_s_per_user``: mean over requests of output tokens / (end - send): what one user sees.
+- ``tok_s_per_user``: mean over requests of output tokens / (end - send): what one user sees;
+- ``j_per_token``: joules of the repeat / its output tokens, where :func:`run_load` is given an energy counter.
 
 Over repeats each figure is a mean with its 95 % Student-t interval (:func:`paretolab.stats.t_interval`).
 Output tokens are the server's ``usage.completion_tokens`` where it sends one, else the text chunks
@@ -35,7 +36,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,7 +58,7 @@ PROMPTS: tuple[str, ...] = (
     "The first thing she noticed when she opened the door was",
 )
 LEVELS: tuple[int, ...] = (1, 4, 16)
-FIGURES = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "tok_s", "tok_s_per_user")
+FIGURES = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "tok_s", "tok_s_per_user", "j_per_token")
 
 
 class EngineLoadError(ParetolabError, RuntimeError):
@@ -128,13 +129,16 @@ class LoadReport:
                 for c, reps in self.repeats.items()}
 
     def metrics(self, prefix: str = "engine") -> dict[str, float]:
-        """Flat metrics: ``{prefix}_{figure}_c{level}`` with ``_low`` / ``_high``, and ``{prefix}_errors_c{level}``."""
+        """Flat metrics: ``{prefix}_{figure}_c{level}`` with ``_ci_low`` / ``_ci_high``, and ``{prefix}_errors_c{level}``.
+
+        A figure that is not finite (no energy counter; an interval from one repeat) is left out, never NaN.
+        """
         out: dict[str, float] = {}
         for c, figures in self.summary().items():
             for f, (mean, low, high) in figures.items():
-                out[f"{prefix}_{f}_c{c}"] = mean
-                out[f"{prefix}_{f}_c{c}_low"] = low
-                out[f"{prefix}_{f}_c{c}_high"] = high
+                for key, value in ((f"{prefix}_{f}_c{c}", mean), (f"{prefix}_{f}_c{c}_ci_low", low), (f"{prefix}_{f}_c{c}_ci_high", high)):
+                    if math.isfinite(value):
+                        out[key] = value
             out[f"{prefix}_errors_c{c}"] = float(self.errors.get(c, 0))
         return out
 
@@ -152,6 +156,7 @@ def level_figures(results: Sequence[RequestResult]) -> dict[str, float]:
     wall = max(r.end for r in done) - min(r.start for r in done)
     tokens = sum(r.tokens for r in done)
     return {
+        "j_per_token": float("nan"),  # set by run_load where it is given an energy counter
         "ttft_p50_s": _percentile([r.ttft for r in done], 50),
         "ttft_p99_s": _percentile([r.ttft for r in done], 99),
         "itl_p50_s": _percentile(gaps, 50),
@@ -213,8 +218,12 @@ def stream_completion(url: str, body: dict[str, Any], *, timeout_s: float, deadl
     return result
 
 
-def run_load(base_url: str, model: str, spec: LoadSpec) -> LoadReport:
-    """Drive the server at ``base_url`` (``http://127.0.0.1:PORT``) through every level and repeat of ``spec``."""
+def run_load(base_url: str, model: str, spec: LoadSpec, joules: Callable[[], float] | None = None) -> LoadReport:
+    """Drive the server at ``base_url`` (``http://127.0.0.1:PORT``) through every level and repeat of ``spec``.
+
+    ``joules``: a cumulative energy counter (joules so far); read around each repeat, it gives that
+    repeat's ``j_per_token`` (the counter's joules over the repeat / its output tokens).
+    """
     url = base_url.rstrip("/") + "/v1/completions"
     report = LoadReport(spec=spec)
     t0 = time.perf_counter()
@@ -256,6 +265,7 @@ def run_load(base_url: str, model: str, spec: LoadSpec) -> LoadReport:
                     with lock:
                         results.append(r)
 
+            j0 = joules() if joules is not None else float("nan")
             threads = [threading.Thread(target=user, args=(queue[u::level],), daemon=True) for u in range(level)]
             for t in threads:
                 t.start()
@@ -268,7 +278,11 @@ def run_load(base_url: str, model: str, spec: LoadSpec) -> LoadReport:
                 if failed and level not in report.first_error:
                     report.first_error[level] = failed[0].error
                 if any(r.ok for r in results):
-                    report.repeats[level].append(level_figures(results))
+                    figures = level_figures(results)
+                    tokens = sum(r.tokens for r in results if r.ok)
+                    if joules is not None and tokens:
+                        figures["j_per_token"] = (joules() - j0) / tokens
+                    report.repeats[level].append(figures)
             if report.cut:
                 break
         if not report.repeats[level]:

@@ -97,7 +97,8 @@ def test_known_delays_and_clean_stop(tmp_path: Path) -> None:
     # two users at once: about twice one user's aggregate rate
     assert summary[2]["tok_s"][0] == pytest.approx(2 * summary[1]["tok_s"][0], rel=0.35)
     metrics = report.metrics()
-    assert set(metrics) >= {f"engine_{f}_c{c}{s}" for f in FIGURES for c in (1, 2) for s in ("", "_low", "_high")}
+    assert set(metrics) == {f"engine_{f}_c{c}{s}" for f in FIGURES if f != "j_per_token" for c in (1, 2) for s in ("", "_ci_low", "_ci_high")} | {"engine_errors_c1", "engine_errors_c2"}
+    assert all(math.isfinite(v) for v in metrics.values())
 
 
 def test_stalled_stream_is_cut_by_request_timeout_and_total_bound(tmp_path: Path) -> None:
@@ -121,8 +122,10 @@ def test_request_count_bound(tmp_path: Path) -> None:
     port = free_port()
     with serve(fake(port, "--ttft", "0", "--itl", "0"), port=port, log=tmp_path / "log", ready_s=30) as server:
         spec = LoadSpec(prompts=("a", "b"), new_tokens=2, concurrency=(1, 4), repeats=3, warmup=0, max_requests=5)
-        report = run_load(server.url, "m", spec)
+        counter = iter(range(0, 1000, 7))  # 7 J between two reads
+        report = run_load(server.url, "m", spec, joules=lambda: float(next(counter)))
     assert report.sent == 5 and report.cut.startswith("max_requests")
+    assert [r["j_per_token"] for r in report.repeats[1]] == [7 / 4, 7 / 4, 7 / 2]  # 2 tokens a request
     assert 4 not in report.repeats  # the level after the cut never ran
     assert len(report.repeats[1]) == 3  # 2 + 2 + (1 of 2): the third repeat is figured from what it sent
 
