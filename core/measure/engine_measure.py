@@ -1,0 +1,236 @@
+"""The ``engine`` measure: the trial's model served by an inference engine's own server, under load.
+
+For a trial it writes the subject's model as a Hugging Face directory (format modules replaced by the
+dense modules they compute), puts it in the engine's format, starts the engine's server on
+127.0.0.1 and a free port (:mod:`paretolab.measure.engine_server`), drives it with the load
+generator (:mod:`paretolab.measure.engine_load`: a fixed prompt set, ``new_tokens`` per request,
+each concurrency level, ``repeats``) and stops it, on every path. Engines: ``llama`` (llama.cpp
+through llama-cpp-python, :mod:`paretolab.measure.engine_llama`).
+
+Metrics, for engine ``E`` and level ``N`` (each with ``_ci_low`` / ``_ci_high``: the 95 % t-interval
+over repeats): ``E_tok_s_cN`` (aggregate output tokens/s), ``E_tok_s_per_user_cN``,
+``E_ttft_p50_s_cN`` / ``E_ttft_p99_s_cN``, ``E_itl_p50_s_cN`` / ``E_itl_p99_s_cN``,
+``E_cN_j_per_token``; and ``E_errors_cN``, ``E_peak_rss_mb`` (the server's process tree, sampled),
+``E_start_s`` (start to first answer), ``E_model_bytes`` (the file served).
+
+Labels, in the trial's info (never silent): ``E_format`` is what was served — ``F32`` (or the
+``gguf_type`` asked for) where the trial's weights are dense, or ``F32 dense equivalent (no engine
+kernel: dense cost)`` where they are not an exact engine format (sparsity, quantization grids this
+adapter does not map exactly yet, method formats); ``E_weights`` says what the trial's weights are;
+``E_energy_source`` is ``rapl`` or ``estimate`` (the server's CPU seconds x watts per core).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paretolab.errors import ConfigError
+from paretolab.measure.energy import choose_source, counter_monitor, watts_per_core
+from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
+from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
+from paretolab.measure.engine_server import Server, free_port, serve
+from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.hookspec import hookimpl
+from paretolab.plugin_api.measure import Measure
+from paretolab.plugin_api.metrics import Metric
+from paretolab.plugin_api.options import option
+from paretolab.plugin_api.storage import unique_parameters
+from paretolab.plugin_api.subject import Subject
+
+ENGINES = ("llama",)
+LEVELS = (1, 2, 4, 8, 16, 32)  # the concurrency levels a pipeline may ask for (each has its metrics registered)
+DENSE_LABEL = "dense equivalent (no engine kernel: dense cost)"
+
+
+def _check_levels(value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or not value or any(not isinstance(v, int) or isinstance(v, bool) or v not in LEVELS for v in value):
+        raise ConfigError(f"measures.engine.concurrency: {value!r}; give a list of levels from {', '.join(map(str, LEVELS))}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"measures.engine.concurrency: {value!r} repeats a level")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    engine: str = option("llama", one_of=ENGINES)
+    concurrency: tuple[int, ...] = option((1, 4, 16), check=_check_levels)  # users sending at once, one level after another
+    prompts: int = option(8, low=1, high=len(PROMPTS))  # how many of the fixed prompts (in order)
+    new_tokens: int = option(32, low=2, high=1024)  # output tokens per request (end-of-text suppressed)
+    repeats: int = option(3, low=1, high=50)  # rounds per level: the intervals are over these
+    warmup: int = option(1, low=0)
+    request_timeout_s: float = option(120.0, low=1.0)
+    max_requests: int = option(5000, low=1)
+    max_total_s: float = option(1800.0, low=1.0)  # the whole load; no request is sent after it
+    ready_s: float = option(300.0, low=1.0)  # the server's start, conversion excluded
+    gguf_type: str = option("f32", one_of=GGUF_TYPES)  # llama: what dense weights are written as
+    n_ctx: int = option(2048, low=64)
+    threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
+
+
+def weight_kinds(subject: Subject) -> Counter[str]:
+    """How the trial's matrices are stored, counted: ``dense``, ``sparse``, ``int4 g32``, ``format:NAME`` ..."""
+    kinds: Counter[str] = Counter()
+    for name, tensor in unique_parameters(subject.model):
+        if tensor.dim() < 2:
+            continue
+        st = subject.storage_of(name)
+        if st.sparse:
+            kinds["sparse"] += 1
+        elif st.value_bits is None:
+            kinds["dense"] += 1
+        else:
+            group = "row" if st.group_size in (None, tensor.shape[-1]) else f"g{st.group_size}"
+            kinds[f"int{st.value_bits:g} {group}{' flat' if st.flat_groups else ''}"] += 1
+    for name, st in subject.current_storage().items():
+        if name.startswith("format:"):
+            kinds[name] += 1
+    return kinds
+
+
+def served_label(kinds: Counter[str], dense_type: str) -> str:
+    """What the engine serves and whether it is the trial's own format (see the module doc)."""
+    t = dense_type.upper()
+    return t if set(kinds) <= {"dense"} else f"{t} {DENSE_LABEL}"
+
+
+def dense_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy with every format module replaced by the dense module it computes (``dense_module()``)."""
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        if name and hasattr(module, "dense_module"):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module.dense_module())
+    return model
+
+
+def write_hf(subject: Subject, folder: Path) -> Path:
+    """The subject as a directory transformers (and llama.cpp's converter) reads: fp32 safetensors + tokenizer."""
+    model = dense_copy(subject.model).to("cpu", torch.float32)
+    if not hasattr(model, "save_pretrained"):
+        raise ConfigError(f"the engine measure serves Hugging Face models; this trial's model is {type(model).__name__}")
+    model.save_pretrained(folder, safe_serialization=True)
+    subject.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def no_stop_bias(tokenizer: Any) -> dict[str, float]:
+    """A logit bias that keeps the special tokens (end of text among them) out, so every request runs to ``new_tokens``."""
+    ids = sorted({int(i) for i in getattr(tokenizer, "all_special_ids", []) or []} | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None) is not None else set()))
+    return {str(i): -100.0 for i in ids}
+
+
+def energy_counter(server: Server) -> tuple[Callable[[], float], str]:
+    """A cumulative joules counter for the load: RAPL's packages where readable, else the server's CPU seconds x watts per core."""
+    monitor = counter_monitor()
+    source = choose_source(monitor, gpu=False)
+    if source == "rapl":
+        last = {i: f() for i, f in monitor.cpus.items()}
+        total = [0.0]
+
+        def rapl() -> float:
+            for i, f in monitor.cpus.items():
+                now = f()
+                step = now - last[i]
+                total[0] += step % monitor.wrap[i] if i in monitor.wrap else step
+                last[i] = now
+            return total[0]
+
+        return rapl, "rapl"
+    server.mark_cpu()
+    watts = watts_per_core()
+    return (lambda: server.cpu_s_since_mark * watts), "estimate"
+
+
+class Engine(Measure):
+    """The trial's model served by an engine's own server under load (see the module doc)."""
+
+    name = "engine"
+    metrics = tuple(
+        [f"{metric_name(e, f, c)}{s}" for e in ENGINES for f in FIGURES for c in LEVELS for s in ("", "_ci_low", "_ci_high")]
+        + [f"{e}_errors_c{c}" for e in ENGINES for c in LEVELS]
+        + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s")]
+    )
+    options = EngineOptions
+    default = False
+
+    def measure(self, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
+        from paretolab.measure.timing import node_lock
+
+        e = options.engine
+        engine = LlamaEngine.find()
+        kinds = weight_kinds(subject)
+        subject.info[f"{e}_weights"] = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
+        subject.info[f"{e}_format"] = served_label(kinds, options.gguf_type)
+        threads = options.threads or (int(ctx.cpus) if ctx.cpus >= 1 else (os.cpu_count() or 1))
+        spec = LoadSpec(prompts=PROMPTS[: options.prompts], new_tokens=options.new_tokens, concurrency=tuple(options.concurrency),
+                        repeats=options.repeats, warmup=options.warmup, request_timeout_s=options.request_timeout_s,
+                        max_requests=options.max_requests, max_total_s=options.max_total_s, extra={"logit_bias": no_stop_bias(subject.tokenizer)})
+        with tempfile.TemporaryDirectory(prefix=f"paretolab-{e}-", dir=ctx.workdir if ctx.workdir and Path(ctx.workdir).is_dir() else None) as tmp:
+            folder = write_hf(subject, Path(tmp) / "hf")
+            gguf = engine.convert(folder, Path(tmp) / f"model-{options.gguf_type}.gguf", options.gguf_type)
+            model_bytes = gguf.stat().st_size
+            port = free_port()
+            cmd = engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx)
+            with node_lock():  # one timing at a time on this node, as the latency measure
+                t0 = time.perf_counter()
+                with serve(cmd, port=port, log=Path(tmp) / "server.log", ready_s=options.ready_s, name=f"{e} ({engine.python})") as server:
+                    start_s = time.perf_counter() - t0
+                    joules, source = energy_counter(server)
+                    report = run_load(server.url, "trial", spec, joules=joules)
+                    peak = server.peak_rss_bytes
+        subject.info[f"{e}_energy_source"] = source
+        if report.cut:
+            subject.info[f"{e}_load_cut"] = report.cut
+        out = report.metrics(prefix=e)
+        out.update({f"{e}_peak_rss_mb": peak / 2**20, f"{e}_start_s": start_s, f"{e}_model_bytes": float(model_bytes),
+                    f"{e}_load_s": report.wall_s})
+        return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+_UNITS = {"tok_s": ("tokens/s", "maximize", "output tokens per second, all users together"),
+          "tok_s_per_user": ("tokens/s", "maximize", "output tokens per second one user sees (its tokens / its request's time), mean over requests"),
+          "ttft_p50_s": ("s", "minimize", "median time to first token"), "ttft_p99_s": ("s", "minimize", "99th percentile time to first token"),
+          "itl_p50_s": ("s", "minimize", "median gap between output tokens"), "itl_p99_s": ("s", "minimize", "99th percentile gap between output tokens"),
+          "j_per_token": ("J/token", "minimize", "joules per output token (RAPL, or estimated from the server's CPU seconds; see E_energy_source)")}
+_NAMES = {"llama": "llama.cpp (llama-cpp-python server)"}
+
+
+def _definitions() -> list[Metric]:
+    out = []
+    for e in ENGINES:
+        where = _NAMES[e]
+        for f in FIGURES:
+            unit, direction, text = _UNITS[f]
+            for c in LEVELS:
+                name = metric_name(e, f, c)
+                out.append(Metric(name, unit, direction, f"engine measure, {where} at concurrency {c}: {text}, mean over repeats"))
+                for end in ("low", "high"):
+                    out.append(Metric(f"{name}_ci_{end}", unit, direction, f"{end} end of the 95 % t-interval over repeats of {name}"))
+        for c in LEVELS:
+            out.append(Metric(f"{e}_errors_c{c}", "requests", "minimize", f"engine measure, {where}: requests at concurrency {c} that failed or were cut"))
+        out += [Metric(f"{e}_peak_rss_mb", "MiB", "minimize", f"engine measure: peak resident memory of the {where} server's processes"),
+                Metric(f"{e}_start_s", "s", "minimize", f"engine measure: seconds from starting the {where} server to its first answer"),
+                Metric(f"{e}_model_bytes", "bytes", "minimize", f"engine measure: bytes of the model file {where} served"),
+                Metric(f"{e}_load_s", "s", "minimize", f"engine measure: wall time of the whole load on {where}")]
+    return out
+
+
+@hookimpl
+def register_measures(register: Callable[[Measure], None]) -> None:
+    register(Engine())
+
+
+@hookimpl
+def register_metrics(register: Callable[[Metric], None]) -> None:
+    for metric in _definitions():
+        register(metric)

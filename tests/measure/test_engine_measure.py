@@ -1,0 +1,138 @@
+"""The engine measure: labels, options, and the whole path (write, convert, serve, load, stop) on a fake llama.cpp.
+
+The fake engine is a converter script that checks the Hugging Face directory it is given and writes a
+file, and a ``llama_cpp.server`` module that runs the fake OpenAI server; so the measure's own code
+(its temp directory, command, lifecycle, metrics and labels) runs for real without llama.cpp. The
+real engine's test (marker ``engine``) runs where ``make engines`` installed it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from paretolab.errors import ConfigError
+from paretolab.measure.engine_llama import EngineUnavailable, LlamaEngine
+from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, served_label, weight_kinds
+from paretolab.measure.engine_server import EngineStartError, group_alive
+from paretolab.plugin_api.options import parse_options
+from paretolab.plugins.baselines import RTN, Magnitude
+
+FAKE = Path(__file__).with_name("fake_openai_server.py")
+
+
+def test_labels_say_what_is_served(tiny, ctx) -> None:
+    assert set(weight_kinds(tiny)) == {"dense"}
+    assert served_label(weight_kinds(tiny), "f32") == "F32"
+    q = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 32}, ctx)
+    assert "int4 g32" in weight_kinds(q)
+    assert served_label(weight_kinds(q), "f32") == f"F32 {DENSE_LABEL}"
+    s = Magnitude().transform(tiny.copy(), {"sparsity": 0.5, "scope": "row"}, ctx)
+    assert "sparse" in weight_kinds(s)
+    assert "no engine kernel: dense cost" in served_label(weight_kinds(s), "f16")
+
+
+def test_options_are_checked() -> None:
+    assert parse_options(EngineOptions, {"concurrency": [1, 16]}, where="measures.engine").concurrency == [1, 16]
+    for bad in ([3], [], [1, 1], "4"):
+        with pytest.raises(ConfigError, match="concurrency"):
+            parse_options(EngineOptions, {"concurrency": bad}, where="measures.engine")
+    with pytest.raises(ConfigError, match="engine"):
+        parse_options(EngineOptions, {"engine": "tgi"}, where="measures.engine")
+
+
+def test_missing_engine_says_how_to_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARETOLAB_ENGINES", str(tmp_path))
+    for var in ("PARETOLAB_LLAMA_PYTHON", "PARETOLAB_LLAMA_CONVERTER"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(EngineUnavailable, match="make engines"):
+        LlamaEngine.find()
+
+
+@pytest.fixture
+def fake_llama(tmp_path, monkeypatch) -> Path:
+    """A fake converter and ``llama_cpp.server`` (the fake OpenAI server); returns the file its server pids go to."""
+    pids = tmp_path / "pids"
+    conv = tmp_path / "convert" / "convert_hf_to_gguf.py"
+    conv.parent.mkdir()
+    conv.write_text(
+        "import sys, pathlib\n"
+        "src, out, kind = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[3]), sys.argv[5]\n"
+        "assert (src / 'config.json').is_file() and (src / 'model.safetensors').is_file(), src\n"
+        "out.write_bytes(b'GGUF' + kind.encode() + b'0' * 100)\n")
+    pkg = tmp_path / "fakepkg" / "llama_cpp"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server.py").write_text(
+        "import os, runpy, sys\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "a = sys.argv[1:]\n"
+        "model, port = a[a.index('--model') + 1], a[a.index('--port') + 1]\n"
+        "if 'broken' in open(model, 'rb').read().decode(errors='replace') or os.environ.get('FAKE_LLAMA_FAIL'):\n"
+        "    print('llama_model_load: error loading model: unknown tensor type'); sys.exit(1)\n"
+        f"sys.argv = ['fake', '--port', port, '--ttft', '0.02', '--itl', '0.005']\n"
+        f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
+    monkeypatch.setenv("PARETOLAB_LLAMA_PYTHON", sys.executable)
+    monkeypatch.setenv("PARETOLAB_LLAMA_CONVERTER", str(conv))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg.parent), os.environ.get("PYTHONPATH", "")]))
+    return pids
+
+
+def _no_server_left(pids: Path) -> None:
+    seen = [int(p) for p in pids.read_text().split()]
+    assert seen
+    for pid in seen:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+        assert not group_alive(pid)
+
+
+def test_measure_serves_a_trial_on_a_fake_llama(tiny, ctx, fake_llama) -> None:
+    q = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 32}, ctx)
+    options = parse_options(EngineOptions, {"concurrency": [1, 2], "prompts": 2, "new_tokens": 4, "repeats": 2, "ready_s": 30},
+                            where="measures.engine")
+    out = Engine().measure(q, options, ctx)
+    _no_server_left(fake_llama)
+    assert set(out) <= set(Engine.metrics)
+    assert all(math.isfinite(v) for v in out.values())
+    for c in (1, 2):
+        assert out[f"llama_tok_s_c{c}_ci_low"] <= out[f"llama_tok_s_c{c}"] <= out[f"llama_tok_s_c{c}_ci_high"]
+        assert out[f"llama_errors_c{c}"] == 0
+        assert out[f"llama_c{c}_j_per_token"] >= 0  # the fake server mostly sleeps
+    assert out["llama_model_bytes"] == 107 and out["llama_peak_rss_mb"] > 1
+    assert q.info["llama_format"] == f"F32 {DENSE_LABEL}"
+    assert q.info["llama_energy_source"] in ("rapl", "estimate")
+    assert "int4 g32" in q.info["llama_weights"]
+
+
+def test_measure_refused_start_gives_the_engines_message_and_leaves_nothing(tiny, ctx, fake_llama, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_FAIL", "1")
+    options = parse_options(EngineOptions, {"concurrency": [1], "prompts": 1, "new_tokens": 2, "repeats": 1, "ready_s": 30}, where="m")
+    with pytest.raises(EngineStartError, match="exited with code 1 .*unknown tensor type"):
+        Engine().measure(tiny, options, ctx)
+    _no_server_left(fake_llama)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_llama_cpp_serves_smollm2(ctx) -> None:
+    try:
+        LlamaEngine.find()
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+    from paretolab.models.lookup import load_subject
+
+    subject = load_subject("smollm2-135m")
+    options = parse_options(EngineOptions, {"concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2}, where="m")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = Engine().measure(subject, options, ctx)
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert after <= before, "an engine process outlived the measure"
+    assert subject.info["llama_format"] == "F32"
+    for c in (1, 2):
+        assert out[f"llama_errors_c{c}"] == 0 and out[f"llama_tok_s_c{c}"] > 0
+    assert out["llama_model_bytes"] > 400e6  # 135M parameters in f32
