@@ -14,9 +14,10 @@ over repeats): ``E_tok_s_cN`` (aggregate output tokens/s), ``E_tok_s_per_user_cN
 ``E_start_s`` (start to first answer), ``E_model_bytes`` (the file served).
 
 Labels, in the trial's info (never silent): ``E_format`` is what was served — ``F32`` (or the
-``gguf_type`` asked for) where the trial's weights are dense, or ``F32 dense equivalent (no engine
-kernel: dense cost)`` where they are not an exact engine format (sparsity, quantization grids this
-adapter does not map exactly yet, method formats); ``E_weights`` says what the trial's weights are;
+``gguf_type`` asked for) where the trial's weights are dense; ``Q4_0 (exact: ...)`` / ``Q8_0 (exact:
+...)`` where every quantized matrix is RTN's symmetric groups of 32 (:mod:`paretolab.measure.engine_gguf`
+writes the trial's own codes as the engine's blocks); ``F32 dense equivalent (no engine kernel: dense
+cost)`` where they are not an exact engine format (sparsity, other groups or bit widths, method formats); ``E_weights`` says what the trial's weights are;
 ``E_energy_source`` is ``rapl`` or ``estimate`` (the server's CPU seconds x watts per core).
 """
 
@@ -37,6 +38,7 @@ import torch
 
 from paretolab.errors import ConfigError
 from paretolab.measure.energy import choose_source, counter_monitor, watts_per_core
+from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
 from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
 from paretolab.measure.engine_server import Server, free_port, serve
@@ -73,6 +75,7 @@ class EngineOptions:
     max_total_s: float = option(1800.0, low=1.0)  # the whole load; no request is sent after it
     ready_s: float = option(300.0, low=1.0)  # the server's start, conversion excluded
     gguf_type: str = option("f32", one_of=GGUF_TYPES)  # llama: what dense weights are written as
+    exact_blocks: bool = True  # llama: RTN int4 / int8 groups of 32 served as Q4_0 / Q8_0 blocks of the trial's own codes
     n_ctx: int = option(2048, low=64)
     threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
 
@@ -101,6 +104,15 @@ def served_label(kinds: Counter[str], dense_type: str) -> str:
     """What the engine serves and whether it is the trial's own format (see the module doc)."""
     t = dense_type.upper()
     return t if set(kinds) <= {"dense"} else f"{t} {DENSE_LABEL}"
+
+
+def exact_bits(kinds: Counter[str]) -> int | None:
+    """4 or 8 where every quantized matrix is RTN-style ``int4 g32`` / ``int8 g32`` (Q4_0 / Q8_0 exist for them), else None."""
+    quantized = set(kinds) - {"dense"}
+    for bits in (4, 8):
+        if quantized == {f"int{bits} g32"}:
+            return bits
+    return None
 
 
 def dense_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -177,7 +189,10 @@ class Engine(Measure):
                         max_requests=options.max_requests, max_total_s=options.max_total_s, extra={"logit_bias": no_stop_bias(subject.tokenizer)})
         with tempfile.TemporaryDirectory(prefix=f"paretolab-{e}-", dir=ctx.workdir if ctx.workdir and Path(ctx.workdir).is_dir() else None) as tmp:
             folder = write_hf(subject, Path(tmp) / "hf")
-            gguf = engine.convert(folder, Path(tmp) / f"model-{options.gguf_type}.gguf", options.gguf_type)
+            bits = exact_bits(kinds) if options.exact_blocks else None
+            gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
+            if bits:
+                gguf = self._blocks(gguf, bits, kinds, subject.info, e)
             model_bytes = gguf.stat().st_size
             port = free_port()
             cmd = engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx)
@@ -195,6 +210,21 @@ class Engine(Measure):
         out.update({f"{e}_peak_rss_mb": peak / 2**20, f"{e}_start_s": start_s, f"{e}_model_bytes": float(model_bytes),
                     f"{e}_load_s": report.wall_s})
         return {k: v for k, v in out.items() if math.isfinite(v)}
+
+    @staticmethod
+    def _blocks(f32: Path, bits: int, kinds: Counter[str], info: dict[str, Any], e: str) -> Path:
+        """The trial's RTN codes as exact Q4_0 / Q8_0 blocks where every quantized matrix has them; else the F32 file, labelled."""
+        done = requantize(f32, f32.with_name(f"model-{BITS_TO_TYPE[bits].lower()}.gguf"), bits)
+        want = kinds[f"int{bits} g32"]
+        got = done.blocks[BITS_TO_TYPE[bits]]
+        if got != want:
+            done.path.unlink(missing_ok=True)
+            info[f"{e}_format"] = f"F32 {DENSE_LABEL}: only {got} of {want} int{bits} g32 matrices sat on the {BITS_TO_TYPE[bits]} grid"
+            return f32
+        info[f"{e}_format"] = (f"{BITS_TO_TYPE[bits]} (exact: the trial's codes; block scales stored as fp16, "
+                               f"largest relative change {done.scale_rel_err:.1e}; other tensors F32)")
+        f32.unlink()
+        return done.path
 
 
 _UNITS = {"tok_s": ("tokens/s", "maximize", "output tokens per second, all users together"),

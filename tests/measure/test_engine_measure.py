@@ -18,7 +18,7 @@ import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.measure.engine_llama import EngineUnavailable, LlamaEngine
-from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, served_label, weight_kinds
+from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, exact_bits, served_label, weight_kinds
 from paretolab.measure.engine_server import EngineStartError, group_alive
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugins.baselines import RTN, Magnitude
@@ -93,7 +93,7 @@ def _no_server_left(pids: Path) -> None:
 
 def test_measure_serves_a_trial_on_a_fake_llama(tiny, ctx, fake_llama) -> None:
     q = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 32}, ctx)
-    options = parse_options(EngineOptions, {"concurrency": [1, 2], "prompts": 2, "new_tokens": 4, "repeats": 2, "ready_s": 30},
+    options = parse_options(EngineOptions, {"concurrency": [1, 2], "prompts": 2, "new_tokens": 4, "repeats": 2, "ready_s": 30, "exact_blocks": False},
                             where="measures.engine")
     out = Engine().measure(q, options, ctx)
     _no_server_left(fake_llama)
