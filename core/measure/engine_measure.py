@@ -5,7 +5,8 @@ dense modules they compute), puts it in the engine's format, starts the engine's
 127.0.0.1 and a free port (:mod:`paretolab.measure.engine_server`), drives it with the load
 generator (:mod:`paretolab.measure.engine_load`: a fixed prompt set, ``new_tokens`` per request,
 each concurrency level, ``repeats``) and stops it, on every path. Engines: ``llama`` (llama.cpp
-through llama-cpp-python, :mod:`paretolab.measure.engine_llama`).
+through llama-cpp-python, :mod:`paretolab.measure.engine_llama`) and ``vllm`` (vLLM's OpenAI server from
+its own environment, :mod:`paretolab.measure.engine_vllm`, serving the directory as it is).
 
 Metrics, for engine ``E`` and level ``N`` (each with ``_ci_low`` / ``_ci_high``: the 95 % t-interval
 over repeats): ``E_tok_s_cN`` (aggregate output tokens/s), ``E_tok_s_per_user_cN``,
@@ -42,6 +43,7 @@ from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
 from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
 from paretolab.measure.engine_server import Server, free_port, serve
+from paretolab.measure.engine_vllm import VllmEngine, shim_dir
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
 from paretolab.plugin_api.measure import Measure
@@ -50,7 +52,7 @@ from paretolab.plugin_api.options import option
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 
-ENGINES = ("llama",)
+ENGINES = ("llama", "vllm")
 LEVELS = (1, 2, 4, 8, 16, 32)  # the concurrency levels a pipeline may ask for (each has its metrics registered)
 DENSE_LABEL = "dense equivalent (no engine kernel: dense cost)"
 
@@ -73,11 +75,12 @@ class EngineOptions:
     request_timeout_s: float = option(120.0, low=1.0)
     max_requests: int = option(5000, low=1)
     max_total_s: float = option(1800.0, low=1.0)  # the whole load; no request is sent after it
-    ready_s: float = option(300.0, low=1.0)  # the server's start, conversion excluded
+    ready_s: float = option(900.0, low=1.0)  # the server's start, conversion excluded (vLLM on 2 CPU cores: ~5 min)
     gguf_type: str = option("f32", one_of=GGUF_TYPES)  # llama: what dense weights are written as
     exact_blocks: bool = True  # llama: RTN int4 / int8 groups of 32 served as Q4_0 / Q8_0 blocks of the trial's own codes
     n_ctx: int = option(2048, low=64)
     threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
+    kv_cache_gib: float = option(2.0, low=0.1)  # vllm: VLLM_CPU_KVCACHE_SPACE
 
 
 def weight_kinds(subject: Subject) -> Counter[str]:
@@ -179,26 +182,34 @@ class Engine(Measure):
         from paretolab.measure.timing import node_lock
 
         e = options.engine
-        engine = LlamaEngine.find()
+        engine = LlamaEngine.find() if e == "llama" else VllmEngine.find()
         kinds = weight_kinds(subject)
         subject.info[f"{e}_weights"] = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
-        subject.info[f"{e}_format"] = served_label(kinds, options.gguf_type)
+        subject.info[f"{e}_format"] = served_label(kinds, options.gguf_type if e == "llama" else "f32")
         threads = options.threads or (int(ctx.cpus) if ctx.cpus >= 1 else (os.cpu_count() or 1))
+        extra: dict[str, Any] = {"logit_bias": no_stop_bias(subject.tokenizer)} if e == "llama" else {"ignore_eos": True}
         spec = LoadSpec(prompts=PROMPTS[: options.prompts], new_tokens=options.new_tokens, concurrency=tuple(options.concurrency),
                         repeats=options.repeats, warmup=options.warmup, request_timeout_s=options.request_timeout_s,
-                        max_requests=options.max_requests, max_total_s=options.max_total_s, extra={"logit_bias": no_stop_bias(subject.tokenizer)})
+                        max_requests=options.max_requests, max_total_s=options.max_total_s, extra=extra)
         with tempfile.TemporaryDirectory(prefix=f"paretolab-{e}-", dir=ctx.workdir if ctx.workdir and Path(ctx.workdir).is_dir() else None) as tmp:
             folder = write_hf(subject, Path(tmp) / "hf")
-            bits = exact_bits(kinds) if options.exact_blocks else None
-            gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
-            if bits:
-                gguf = self._blocks(gguf, bits, kinds, subject.info, e)
-            model_bytes = gguf.stat().st_size
             port = free_port()
-            cmd = engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx)
+            env = None
+            if isinstance(engine, LlamaEngine):
+                bits = exact_bits(kinds) if options.exact_blocks else None
+                gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
+                if bits:
+                    gguf = self._blocks(gguf, bits, kinds, subject.info, e)
+                model_bytes = gguf.stat().st_size
+                cmd = engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx)
+            else:
+                model_bytes = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+                cmd = engine.server_command(folder, port, n_ctx=options.n_ctx)
+                env = engine.env(shim_dir(Path(tmp) / "shim"), options.threads, options.kv_cache_gib)
             with node_lock():  # one timing at a time on this node, as the latency measure
                 t0 = time.perf_counter()
-                with serve(cmd, port=port, log=Path(tmp) / "server.log", ready_s=options.ready_s, name=f"{e} ({engine.python})") as server:
+                with serve(cmd, port=port, log=Path(tmp) / "server.log", ready_s=options.ready_s, env=env,
+                           name=f"{e} ({engine.python})") as server:
                     start_s = time.perf_counter() - t0
                     joules, source = energy_counter(server)
                     report = run_load(server.url, "trial", spec, joules=joules)
@@ -232,7 +243,7 @@ _UNITS = {"tok_s": ("tokens/s", "maximize", "output tokens per second, all users
           "ttft_p50_s": ("s", "minimize", "median time to first token"), "ttft_p99_s": ("s", "minimize", "99th percentile time to first token"),
           "itl_p50_s": ("s", "minimize", "median gap between output tokens"), "itl_p99_s": ("s", "minimize", "99th percentile gap between output tokens"),
           "j_per_token": ("J/token", "minimize", "joules per output token (RAPL, or estimated from the server's CPU seconds; see E_energy_source)")}
-_NAMES = {"llama": "llama.cpp (llama-cpp-python server)"}
+_NAMES = {"llama": "llama.cpp (llama-cpp-python server)", "vllm": "vLLM (OpenAI server)"}
 
 
 def _definitions() -> list[Metric]:
