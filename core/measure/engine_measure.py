@@ -64,9 +64,15 @@ def _check_levels(value: Any) -> None:
         raise ConfigError(f"measures.engine.concurrency: {value!r} repeats a level")
 
 
+def _check_engines(value: Any) -> None:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or any(n not in ENGINES for n in names) or len(set(names)) != len(names):
+        raise ConfigError(f"measures.engine.engine: {value!r}; give one of {', '.join(ENGINES)} or a list of them")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
-    engine: str = option("llama", one_of=ENGINES)
+    engine: tuple[str, ...] | str = option("llama", check=lambda v: _check_engines(v))  # one engine or a list, served one after another
     concurrency: tuple[int, ...] = option((1, 4, 16), check=_check_levels)  # users sending at once, one level after another
     prompts: int = option(8, low=1, high=len(PROMPTS))  # how many of the fixed prompts (in order)
     new_tokens: int = option(32, low=2, high=1024)  # output tokens per request (end-of-text suppressed)
@@ -179,9 +185,14 @@ class Engine(Measure):
     default = False
 
     def measure(self, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for e in [options.engine] if isinstance(options.engine, str) else options.engine:
+            out.update(self._serve(e, subject, options, ctx))
+        return out
+
+    def _serve(self, e: str, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
         from paretolab.measure.timing import node_lock
 
-        e = options.engine
         engine = LlamaEngine.find() if e == "llama" else VllmEngine.find()
         kinds = weight_kinds(subject)
         subject.info[f"{e}_weights"] = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"

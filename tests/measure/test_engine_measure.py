@@ -42,8 +42,10 @@ def test_options_are_checked() -> None:
     for bad in ([3], [], [1, 1], "4"):
         with pytest.raises(ConfigError, match="concurrency"):
             parse_options(EngineOptions, {"concurrency": bad}, where="measures.engine")
-    with pytest.raises(ConfigError, match="engine"):
-        parse_options(EngineOptions, {"engine": "tgi"}, where="measures.engine")
+    for bad in ("tgi", ["llama", "llama"], [], ["llama", "tgi"]):
+        with pytest.raises(ConfigError, match="engine"):
+            parse_options(EngineOptions, {"engine": bad}, where="measures.engine")
+    assert parse_options(EngineOptions, {"engine": ["llama", "vllm"]}, where="m").engine == ["llama", "vllm"]
 
 
 def test_missing_engine_says_how_to_install(tmp_path, monkeypatch) -> None:
@@ -136,3 +138,26 @@ def test_real_llama_cpp_serves_smollm2(ctx) -> None:
     for c in (1, 2):
         assert out[f"llama_errors_c{c}"] == 0 and out[f"llama_tok_s_c{c}"] > 0
     assert out["llama_model_bytes"] > 400e6  # 135M parameters in f32
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_vllm_serves_smollm2(ctx) -> None:
+    """vLLM's CPU build: about 5 minutes to start on 2 cores (profile and warm-up), then the load."""
+    from paretolab.measure.engine_vllm import VllmEngine
+
+    try:
+        VllmEngine.find()
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+    from paretolab.models.lookup import load_subject
+
+    subject = load_subject("smollm2-135m")
+    options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2}, where="m")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = Engine().measure(subject, options, ctx)
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert after <= before, "an engine process outlived the measure"
+    assert subject.info["vllm_format"] == "F32"
+    for c in (1, 2):
+        assert out[f"vllm_errors_c{c}"] == 0 and out[f"vllm_tok_s_c{c}"] > 0
