@@ -124,8 +124,12 @@ class LoadReport:
     wall_s: float = 0.0
 
     def summary(self) -> dict[int, dict[str, tuple[float, float, float]]]:
-        """level -> figure -> (mean, low, high) over repeats."""
-        return {c: {f: t_interval([r[f] for r in reps if math.isfinite(r.get(f, float("nan")))]) for f in FIGURES}
+        """level -> figure -> (mean, low, high) over repeats: the t-interval, its low end clipped at 0 (no figure is negative)."""
+        def clipped(values: list[float]) -> tuple[float, float, float]:
+            mean, low, high = t_interval(values)
+            return mean, max(low, 0.0) if math.isfinite(low) else low, high  # every figure is >= 0: so is its interval
+
+        return {c: {f: clipped([r[f] for r in reps if math.isfinite(r.get(f, float("nan")))]) for f in FIGURES}
                 for c, reps in self.repeats.items()}
 
     def metrics(self, prefix: str = "engine") -> dict[str, float]:

@@ -12,7 +12,10 @@ Metrics, for engine ``E`` and level ``N`` (each with ``_ci_low`` / ``_ci_high``:
 over repeats): ``E_tok_s_cN`` (aggregate output tokens/s), ``E_tok_s_per_user_cN``,
 ``E_ttft_p50_s_cN`` / ``E_ttft_p99_s_cN``, ``E_itl_p50_s_cN`` / ``E_itl_p99_s_cN``,
 ``E_cN_j_per_token``; and ``E_errors_cN``, ``E_peak_rss_mb`` (the server's process tree, sampled),
-``E_start_s`` (start to first answer), ``E_model_bytes`` (the file served).
+``E_start_s`` (start to first answer), ``E_model_bytes`` (the file served); with the perplexity task,
+``E_ppl`` from the engine's own log-probabilities on the task's windows and ``E_ppl_diff`` (engine −
+trial, paired over windows, with its interval) and ``E_ppl_gap`` (1: beyond noise), see
+:mod:`paretolab.measure.engine_ppl` (where there is none, ``E_ppl_note`` says why).
 
 Labels, in the trial's info (never silent): ``E_format`` is what was served — ``F32`` (or the
 ``gguf_type`` asked for) where the trial's weights are dense; ``Q4_0 (exact: ...)`` / ``Q8_0 (exact:
@@ -42,6 +45,7 @@ from paretolab.measure.energy import choose_source, counter_monitor, watts_per_c
 from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
 from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
+from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, window_nll
 from paretolab.measure.engine_server import Server, free_port, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
 from paretolab.plugin_api.context import TrialContext
@@ -87,6 +91,7 @@ class EngineOptions:
     n_ctx: int = option(2048, low=64)
     threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
     kv_cache_gib: float = option(2.0, low=0.1)  # vllm: VLLM_CPU_KVCACHE_SPACE
+    ppl: bool = True  # the engine's perplexity on the perplexity task's windows, beside the trial's
 
 
 def weight_kinds(subject: Subject) -> Counter[str]:
@@ -180,6 +185,7 @@ class Engine(Measure):
         [f"{metric_name(e, f, c)}{s}" for e in ENGINES for f in FIGURES for c in LEVELS for s in ("", "_ci_low", "_ci_high")]
         + [f"{e}_errors_c{c}" for e in ENGINES for c in LEVELS]
         + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s")]
+        + [f"{e}_{m}" for e in ENGINES for m in ("ppl", "ppl_ci_low", "ppl_ci_high", "ppl_diff", "ppl_diff_ci_low", "ppl_diff_ci_high", "ppl_gap")]
     )
     options = EngineOptions
     default = False
@@ -225,13 +231,31 @@ class Engine(Measure):
                     joules, source = energy_counter(server)
                     report = run_load(server.url, "trial", spec, joules=joules)
                     peak = server.peak_rss_bytes
+                    quality = self._ppl(e, server.url, subject, options, ctx)
         subject.info[f"{e}_energy_source"] = source
         if report.cut:
             subject.info[f"{e}_load_cut"] = report.cut
         out = report.metrics(prefix=e)
+        out.update(quality)
         out.update({f"{e}_peak_rss_mb": peak / 2**20, f"{e}_start_s": start_s, f"{e}_model_bytes": float(model_bytes),
                     f"{e}_load_s": report.wall_s})
         return {k: v for k, v in out.items() if math.isfinite(v)}
+
+    @staticmethod
+    def _ppl(e: str, url: str, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
+        """The engine's perplexity on the task's windows beside the trial's (see :mod:`paretolab.measure.engine_ppl`); why not, in the info."""
+        if not options.ppl:
+            return {}
+        windows = task_windows(subject.tokenizer, ctx.task, Path(ctx.workdir))
+        if isinstance(windows, str):
+            subject.info[f"{e}_ppl_note"] = f"no engine perplexity: {windows}"
+            return {}
+        try:
+            nll = [window_nll(url, e, ids, timeout_s=options.request_timeout_s) for ids in windows.ids]
+        except (EnginePplError, OSError, KeyError, ValueError) as exc:
+            subject.info[f"{e}_ppl_note"] = f"no engine perplexity: the engine answered {type(exc).__name__}: {exc}"[:500]
+            return {}
+        return compare(nll, windows, e)
 
     @staticmethod
     def _blocks(f32: Path, bits: int, kinds: Counter[str], info: dict[str, Any], e: str) -> Path:
@@ -273,7 +297,14 @@ def _definitions() -> list[Metric]:
         out += [Metric(f"{e}_peak_rss_mb", "MiB", "minimize", f"engine measure: peak resident memory of the {where} server's processes"),
                 Metric(f"{e}_start_s", "s", "minimize", f"engine measure: seconds from starting the {where} server to its first answer"),
                 Metric(f"{e}_model_bytes", "bytes", "minimize", f"engine measure: bytes of the model file {where} served"),
-                Metric(f"{e}_load_s", "s", "minimize", f"engine measure: wall time of the whole load on {where}")]
+                Metric(f"{e}_load_s", "s", "minimize", f"engine measure: wall time of the whole load on {where}"),
+                Metric(f"{e}_ppl", "", "minimize", f"engine measure: perplexity from {where}'s own log-probabilities on the perplexity task's windows"),
+                Metric(f"{e}_ppl_ci_low", "", "minimize", f"lower end of the 95 % bootstrap interval (windows) of {e}_ppl"),
+                Metric(f"{e}_ppl_ci_high", "", "minimize", f"upper end of the 95 % bootstrap interval (windows) of {e}_ppl"),
+                Metric(f"{e}_ppl_diff", "", "minimize", f"engine measure: {e}_ppl minus the trial's ppl, paired over the same windows"),
+                Metric(f"{e}_ppl_diff_ci_low", "", "minimize", f"lower end of the 95 % paired-bootstrap interval of {e}_ppl_diff"),
+                Metric(f"{e}_ppl_diff_ci_high", "", "minimize", f"upper end of the 95 % paired-bootstrap interval of {e}_ppl_diff"),
+                Metric(f"{e}_ppl_gap", "flag", "minimize", f"1 where {e}_ppl differs from the trial's ppl beyond the windows' noise (the paired interval excludes 0), else 0")]
     return out
 
 
