@@ -251,7 +251,7 @@ class Engine(Measure):
             subject.info[f"{e}_ppl_note"] = f"no engine perplexity: {windows}"
             return {}
         try:
-            nll = [window_nll(url, e, ids, timeout_s=options.request_timeout_s) for ids in windows.ids]
+            nll = [window_nll(url, e, ids, timeout_s=options.request_timeout_s, tokenizer=subject.tokenizer) for ids in windows.ids]
         except (EnginePplError, OSError, KeyError, ValueError) as exc:
             subject.info[f"{e}_ppl_note"] = f"no engine perplexity: the engine answered {type(exc).__name__}: {exc}"[:500]
             return {}

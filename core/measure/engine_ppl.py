@@ -4,7 +4,8 @@ The perplexity task scores the first ``max_tokens`` tokens of its corpus in wind
 (``stride == context``: windows that do not overlap) and writes each window's mean NLL to the trial's
 ``per_example.json``. Here the same token ids, cut the same way, are sent to the engine as prompts,
 asking for each prompt token's log-probability (vLLM: ``prompt_logprobs``; llama.cpp:
-``echo`` + ``logprobs``, which needs its server started with ``logits_all``), one request per window.
+``echo`` + ``logprobs`` on the window's text, its echoed tokens checked against the window's ids), one
+request per window.
 
 Reported (:func:`compare`): the engine's ppl with its bootstrap interval over windows, and the
 paired difference engine − trial over the same windows with its interval; ``gap`` is 1 where
@@ -85,8 +86,13 @@ def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         conn.close()
 
 
-def window_nll(base_url: str, engine: str, ids: list[int], *, timeout_s: float = 300.0) -> float:
-    """Mean NLL of ``ids[1:]`` given what precedes each, from the engine's prompt log-probabilities."""
+def window_nll(base_url: str, engine: str, ids: list[int], *, timeout_s: float = 300.0, tokenizer: Any = None) -> float:
+    """Mean NLL of ``ids[1:]`` given what precedes each, from the engine's prompt log-probabilities.
+
+    vLLM takes the token ids as the prompt. llama-cpp-python's server takes text only: the window is
+    decoded and sent as text, and the tokens the server echoes back must be the window's own, one for
+    one (else EnginePplError: the engine would be scoring other tokens).
+    """
     url = base_url.rstrip("/") + "/v1/completions"
     if engine == "vllm":
         out = _post(url, {"model": "trial", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}, timeout_s)
@@ -98,8 +104,18 @@ def window_nll(base_url: str, engine: str, ids: list[int], *, timeout_s: float =
                 raise EnginePplError(f"vLLM gave no log-probability for prompt token {tok}")
             lps.append(float(entry["logprob"] if isinstance(entry, dict) else entry))
     else:
-        out = _post(url, {"model": "trial", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": 1}, timeout_s)
-        lp = (out["choices"][0].get("logprobs") or {}).get("token_logprobs") or []
+        if tokenizer is None:
+            raise EnginePplError("llama.cpp's server takes text: a tokenizer is needed to send the window")
+        text = tokenizer.decode(ids)
+        out = _post(url, {"model": "trial", "prompt": text, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": 1}, timeout_s)
+        got = out["choices"][0].get("logprobs") or {}
+        pieces, lp = got.get("tokens") or [], got.get("token_logprobs") or []
+        want = [tokenizer.decode([i]) for i in ids]
+        echoed = pieces[: len(want)]
+        if echoed != want:
+            first = next((i for i, (a, b) in enumerate(zip(echoed, want)) if a != b), min(len(echoed), len(want)))
+            raise EnginePplError(f"llama.cpp tokenized the window's text into other tokens ({len(echoed)} echoed for {len(want)}; "
+                                 f"first difference at {first}: {echoed[first:first + 1]!r} for {want[first:first + 1]!r})")
         lps = [float(v) for v in lp[1 : len(ids)] if v is not None]
     if len(lps) != len(ids) - 1:
         raise EnginePplError(f"{engine} gave {len(lps)} log-probabilities for a window of {len(ids)} tokens")
