@@ -15,6 +15,7 @@ Where things are (``make engines`` makes both; environment variables override):
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,26 @@ from paretolab.measure.engine_server import log_tail
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version `make engines` installs and the converter comes from
 GGUF_TYPES = ("f32", "f16", "bf16")  # what the converter writes from dense weights
+
+# Per window: llama.cpp's logits for every position (logits_all) of the token ids as given, log-softmax in float64,
+# mean NLL of ids[1:] (row i predicts token i + 1). Run with the engine's own Python on the GGUF the server served.
+_NLL_SCRIPT = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+spec = json.load(open(sys.argv[1]))
+llm = Llama(model_path=spec["gguf"], n_ctx=spec["n_ctx"], n_batch=spec["n_ctx"], n_ubatch=spec["n_ctx"], n_threads=spec["threads"],
+            n_threads_batch=spec["threads"], logits_all=True, verbose=False)
+out = []
+for ids in spec["windows"]:
+    llm.reset()
+    llm.eval(ids)
+    s = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    s = s - s.max(axis=1, keepdims=True)
+    lp = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    out.append(float(-np.mean(lp[np.arange(len(ids) - 1), np.asarray(ids[1:])])))
+json.dump(out, open(sys.argv[2], "w"))
+"""
 
 
 class EngineUnavailable(ConfigError):
@@ -72,6 +93,26 @@ class LlamaEngine:
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"GGUF conversion of {model_dir} failed (exit {proc.returncode}): {log_tail(log)}")
         return out
+
+    def window_nll(self, gguf: Path, windows: list[list[int]], *, n_ctx: int, threads: int, timeout_s: float = 1800.0) -> list[float]:
+        """Mean NLL per window from llama.cpp's own logits on ``gguf`` (llama-cpp-python's ``Llama.eval``, all positions).
+
+        Not through the server: llama-cpp-python's ``echo`` + ``logprobs`` pairs position i's
+        log-probabilities with token i itself instead of token i + 1 (``logprobs_token[int(token)]``
+        in ``Llama._create_completion``), so its echoed prompt log-probabilities are not the model's.
+        """
+        folder = gguf.parent
+        spec, result, log = folder / "nll-in.json", folder / "nll-out.json", folder / "nll.log"
+        spec.write_text(json.dumps({"gguf": str(gguf), "n_ctx": max(n_ctx, max(len(w) for w in windows)), "threads": threads, "windows": windows}))
+        with open(log, "wb") as f:
+            try:
+                proc = subprocess.run([str(self.python), "-c", _NLL_SCRIPT, str(spec), str(result)], stdout=f, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, timeout=timeout_s, check=False, start_new_session=True)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"llama.cpp perplexity did not finish in {timeout_s:g} s: {log_tail(log)}") from None
+        if proc.returncode != 0 or not result.is_file():
+            raise RuntimeError(f"llama.cpp perplexity failed (exit {proc.returncode}): {log_tail(log)}")
+        return [float(v) for v in json.loads(result.read_text())]
 
     def server_command(self, gguf: Path, port: int, *, threads: int, n_ctx: int, alias: str = "trial") -> list[str]:
         """``python -m llama_cpp.server`` on 127.0.0.1:``port`` serving ``gguf``."""

@@ -231,7 +231,9 @@ class Engine(Measure):
                     joules, source = energy_counter(server)
                     report = run_load(server.url, "trial", spec, joules=joules)
                     peak = server.peak_rss_bytes
-                    quality = self._ppl(e, server.url, subject, options, ctx)
+                    quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}
+            if e == "llama":  # the served GGUF's own logits, through the engine's library (see LlamaEngine.window_nll)
+                quality = self._ppl(e, "", subject, options, ctx, nll=lambda ws: engine.window_nll(gguf, ws, n_ctx=options.n_ctx, threads=threads))
         subject.info[f"{e}_energy_source"] = source
         if report.cut:
             subject.info[f"{e}_load_cut"] = report.cut
@@ -242,7 +244,8 @@ class Engine(Measure):
         return {k: v for k, v in out.items() if math.isfinite(v)}
 
     @staticmethod
-    def _ppl(e: str, url: str, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
+    def _ppl(e: str, url: str, subject: Subject, options: EngineOptions, ctx: TrialContext,
+             nll: Callable[[list[list[int]]], list[float]] | None = None) -> dict[str, float]:
         """The engine's perplexity on the task's windows beside the trial's (see :mod:`paretolab.measure.engine_ppl`); why not, in the info."""
         if not options.ppl:
             return {}
@@ -251,11 +254,14 @@ class Engine(Measure):
             subject.info[f"{e}_ppl_note"] = f"no engine perplexity: {windows}"
             return {}
         try:
-            nll = [window_nll(url, e, ids, timeout_s=options.request_timeout_s, tokenizer=subject.tokenizer) for ids in windows.ids]
-        except (EnginePplError, OSError, KeyError, ValueError) as exc:
+            if nll is not None:
+                per_window = nll(windows.ids)
+            else:
+                per_window = [window_nll(url, e, ids, timeout_s=options.request_timeout_s, tokenizer=subject.tokenizer) for ids in windows.ids]
+        except (EnginePplError, OSError, KeyError, ValueError, RuntimeError) as exc:
             subject.info[f"{e}_ppl_note"] = f"no engine perplexity: the engine answered {type(exc).__name__}: {exc}"[:500]
             return {}
-        return compare(nll, windows, e)
+        return compare(per_window, windows, e)
 
     @staticmethod
     def _blocks(f32: Path, bits: int, kinds: Counter[str], info: dict[str, Any], e: str) -> Path:
