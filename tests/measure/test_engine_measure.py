@@ -128,7 +128,11 @@ def test_real_llama_cpp_serves_smollm2(ctx) -> None:
         pytest.skip(str(exc))
     from paretolab.models.lookup import load_subject
 
+    from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
+
     subject = load_subject("smollm2-135m")
+    ctx.task = {"name": "perplexity", "corpus": "pydoc", "max_tokens": 1024, "context": 512, "stride": 512}
+    trial = Perplexity().evaluate(subject, parse_options(PerplexityOptions, {k: v for k, v in ctx.task.items() if k != "name"}, where="t"), ctx)
     options = parse_options(EngineOptions, {"concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2}, where="m")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     out = Engine().measure(subject, options, ctx)
@@ -138,6 +142,8 @@ def test_real_llama_cpp_serves_smollm2(ctx) -> None:
     for c in (1, 2):
         assert out[f"llama_errors_c{c}"] == 0 and out[f"llama_tok_s_c{c}"] > 0
     assert out["llama_model_bytes"] > 400e6  # 135M parameters in f32
+    # the same fp32 weights in llama.cpp: the same perplexity, to float rounding
+    assert out["llama_ppl"] == pytest.approx(trial["ppl"], rel=1e-3) and out["llama_ppl_gap"] == 0
 
 
 @pytest.mark.engine
