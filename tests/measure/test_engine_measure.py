@@ -158,7 +158,11 @@ def test_real_vllm_serves_smollm2(ctx) -> None:
         pytest.skip(str(exc))
     from paretolab.models.lookup import load_subject
 
+    from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
+
     subject = load_subject("smollm2-135m")
+    ctx.task = {"name": "perplexity", "corpus": "pydoc", "max_tokens": 1024, "context": 512, "stride": 512}
+    trial = Perplexity().evaluate(subject, parse_options(PerplexityOptions, {k: v for k, v in ctx.task.items() if k != "name"}, where="t"), ctx)
     options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2}, where="m")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     out = Engine().measure(subject, options, ctx)
@@ -167,3 +171,5 @@ def test_real_vllm_serves_smollm2(ctx) -> None:
     assert subject.info["vllm_format"] == "F32"
     for c in (1, 2):
         assert out[f"vllm_errors_c{c}"] == 0 and out[f"vllm_tok_s_c{c}"] > 0
+    assert "vllm_ppl_note" not in subject.info, subject.info.get("vllm_ppl_note")
+    assert out["vllm_ppl"] == pytest.approx(trial["ppl"], rel=1e-3) and out["vllm_ppl_gap"] == 0
