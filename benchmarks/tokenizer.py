@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.data import load_corpus
+from paretolab.measure.timing import cpu_name
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PROSE = ("wikitext2", "pydoc")
@@ -148,16 +149,6 @@ def chunk_latencies(feed: Callable[[str], Any], text: str) -> list[float]:
         feed(text[at : at + 16])
         out.append(time.perf_counter() - start)
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 _COLD = {
