@@ -22,7 +22,7 @@ from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
 from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
 from paretolab.study.stages import Stage, parse_stage
-from paretolab.study.yaml_read import MAX_PIPELINE_BYTES, read_yaml
+from paretolab.data.yaml_read import MAX_PIPELINE_BYTES, read_yaml_file
 from paretolab.tasks.held_out import check_calibration_corpus
 from paretolab.training.method import check_train_stages
 
@@ -112,17 +112,7 @@ TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search",
 
 def load_spec(path: str | Path) -> StudySpec:
     """Read and validate a pipeline file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"pipeline file {str(path)!r} does not exist")
-    size = path.stat().st_size
-    if size > MAX_PIPELINE_BYTES:
-        raise ConfigError(f"{path}: {size} bytes; a pipeline file may hold at most {MAX_PIPELINE_BYTES} bytes, so cut it down")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc}); save the pipeline as UTF-8") from None
-    return parse_spec(read_yaml(text, str(path)), source=str(path))
+    return parse_spec(read_yaml_file(path, "pipeline file", MAX_PIPELINE_BYTES), source=str(path))
 
 
 def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
