@@ -84,6 +84,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port: expected 1..65535, got {args.port}")
     stores = stores_from_flags(args)
+    from paretolab.stores.open import check_readable
+
+    check_readable(stores)  # a store `studies` refuses is refused here too, not shown as a raw error on the page
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"paretolab: warning: --host {args.host}: the dashboard has no login; anyone who can reach this address on port "
+              f"{args.port} reads every study in these stores", file=sys.stderr)
     app = Path(paretolab.dashboard.__file__).with_name("app.py")
     # Stores travel as environment variables, not arguments, so a password in a URL stays out of `ps`.
     env = {**os.environ, "PARETOLAB_OPTUNA_STORAGE": stores.optuna_url, "PARETOLAB_TRACKING_URI": stores.tracking_uri,

@@ -48,7 +48,29 @@ def optuna_storage(stores: Stores, *, create: bool) -> Any:
     if not exists(url):
         raise ConfigError(f"no Optuna store at {sqlite_file(url)}: no study has run with these stores yet "
                           "(check --home / --storage, or run a pipeline first)")
+    check_readable(stores)
     return guarded("Optuna", url, lambda: optuna.storages.RDBStorage(url, skip_table_creation=True))
+
+
+def check_readable(stores: Stores) -> None:
+    """Refuse, in one line naming the file and the fix, a SQLite store that a read would have to create, migrate or
+    trip over: empty, not SQLite, damaged, locked, missing its tables, or holding a complete trial without values.
+
+    Read paths call it before any Optuna or MLflow code touches the file (both would create a schema in an empty one).
+    A server store is left to its driver's errors (``guarded``).
+    """
+    from paretolab.stores.store_check import sqlite_problem
+
+    for what, url, tables in (("Optuna", stores.optuna_url, OPTUNA_TABLES), ("MLflow", stores.tracking_uri, MLFLOW_TABLES)):
+        path = sqlite_file(url)
+        if path is not None and path.exists():
+            problem = sqlite_problem(what, path, tables, "--home / --storage" if what == "Optuna" else "--home / --tracking-uri")
+            if problem:
+                raise ConfigError(problem)
+
+
+OPTUNA_TABLES = ("studies", "trials", "trial_values", "trial_params", "version_info")
+MLFLOW_TABLES = ("experiments", "runs", "metrics", "params", "tags", "alembic_version")
 
 
 def guarded(what: str, url: str, action: Callable[[], T]) -> T:
