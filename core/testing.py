@@ -46,6 +46,19 @@ def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
     return params
 
 
+def check_ownership(method: Method, reported: dict[str, Any], task: str = "perplexity") -> None:
+    """A trial's rule for what a method may report (``study.metric_owners``), as an assertion: not the platform's costs, not the task's."""
+    from paretolab.errors import PluginError
+    from paretolab.plugin_api.manager import registries
+    from paretolab.study.metric_owners import check_method_metrics
+
+    owners = {m: f"the task {task!r}" for m in registries().tasks.get(task).metrics}
+    try:
+        check_method_metrics(method, reported, owners, owner="under test")
+    except PluginError as exc:
+        raise AssertionError(str(exc)) from None
+
+
 def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the lazy dog. " * 4) -> torch.Tensor:
     from paretolab.data import encode
 
@@ -243,6 +256,7 @@ class MethodContract:
             assert name in registered, f"metric {name!r} is not registered (use the register_metrics hook)"
             assert name in method.metrics, f"metric {name!r} is reported but not declared: add it to {type(method).__name__}.metrics"
             assert math.isfinite(float(value)), f"metric {name!r} = {value}"
+        check_ownership(method, metrics)
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         from paretolab.records import StagePlan, TrialSettings

@@ -79,22 +79,25 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 meter.begin("evaluate")
                 task = regs.tasks.get(settings.task)
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
+                owners = {k: f"the task {settings.task!r}" for k in metrics}
                 for method in methods:
-                    metrics.update(method.evaluate(subject, ctx))
+                    _take(metrics, owners, method, method.evaluate(subject, ctx), regs, "evaluate")
                 synchronize(subject.device)  # queued GPU work belongs to this stage
                 result.stage_s["evaluate"] = time.perf_counter() - t0
                 meter.end("evaluate")
 
                 t0 = time.perf_counter()
                 meter.begin("measure")
-                task_metrics = set(metrics)
+                task_metrics_now = set(metrics)
                 for name, options in _measures(settings.measures, regs).items():
                     measure = regs.measures.get(name)
                     measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
                     # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
-                    metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
+                    mine = {k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics_now}  # and its spread
+                    metrics.update(mine)
+                    owners.update({k: f"the measure {name!r}" for k in mine})
                 for method in methods:
-                    metrics.update(method.measure(subject, ctx))
+                    _take(metrics, owners, method, method.measure(subject, ctx), regs, "measure")
                 synchronize(subject.device)
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
@@ -176,6 +179,17 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
         if ctx.pruned_at is not None:  # the method returned early because the pruner said stop
             raise TrialPruned(ctx.pruned_at, subject)
     return subject, methods
+
+
+def _take(metrics: dict[str, Any], owners: dict[str, str], method: Any, reported: Any, regs: Any, phase: str) -> None:
+    """Add what a method's evaluate/measure returned, once ``check_method_metrics`` agreed it is the method's to report."""
+    from paretolab.study.metric_owners import check_method_metrics
+
+    reported = dict(reported or {})
+    check_method_metrics(method, reported, owners, owner=regs.methods.owner(method.name) if method.name in regs.methods else "?",
+                         phase=phase)
+    metrics.update(reported)
+    owners.update({k: f"method {method.name!r}" for k in reported})
 
 
 def spent_so_far(subject: Subject | None, ctx: TrialContext) -> dict[str, float]:
