@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
         "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
-        "cost saving is real (a stored format or kernel) or simulated."
+        "cost saving is real (a stored format or kernel) or simulated. A numeric list in a search space (rtn.bits: 2, 3, 4, 8) is "
+        "what a search tries by default, not the only values allowed: a pipeline may give another number the method accepts; "
+        "an integer parameter refuses fractional values and steps."
     ))
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=cmd_plugins)

@@ -21,7 +21,7 @@ from paretolab.study.constraints import Constraint, parse_constraints
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
 from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
-from paretolab.study.stages import Stage, parse_stage
+from paretolab.study.stages import Stage, check_composition, parse_stage
 from paretolab.data.yaml_read import MAX_PIPELINE_BYTES, read_yaml_file
 from paretolab.tasks.held_out import check_calibration_corpus
 from paretolab.training.method import check_train_stages
@@ -146,6 +146,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     if not isinstance(stages_raw, list) or not stages_raw:
         raise ConfigError("stages: expected a non-empty list of {method: ...} or {choice: [...]} entries")
     stages = tuple(parse_stage(s, i, regs) for i, s in enumerate(stages_raw))
+    check_composition(stages, regs)
     ids = [s.id for s in stages]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"stages: stage ids must be unique, got {ids}")
