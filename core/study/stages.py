@@ -160,8 +160,9 @@ def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSp
                    or isinstance(dist, CategoricalDistribution) and all(is_int(c) for c in dist.choices))
         if integer and not param.integer:
             step = f" step {param.step}" if param.step is not None else ""
-            raise ConfigError(f"{where}: {method.name}.{key} is an integer; give integer low, high and step, got {param.low}..{param.high}{step} "
-                              f"(a fractional value would be recorded as searched but run as an integer)")
+            bad = next(v for v in (param.low, param.high, param.step) if v is not None and not is_int(v))
+            raise ConfigError(f"{where}: {bad!r} is not an integer; {method.name}.{key} is an integer: give integer low, high and step, "
+                              f"got {param.low}..{param.high}{step} (a fractional value would be recorded as searched but run as an integer)")
         if isinstance(dist, CategoricalDistribution) and not all(is_number(c) for c in dist.choices):
             raise ConfigError(f"{where}: {method.name}.{key} is one of {', '.join(map(repr, dist.choices))}, not a range; give a list")
         values: tuple[Any, ...] = (param.low, param.high)

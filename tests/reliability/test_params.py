@@ -32,12 +32,12 @@ def test_macko_after_rtn_composes(tmp_path):
 
 def test_a_fractional_step_on_integer_choices_is_refused(tmp_path):
     line = refused("check", pipeline_with(tmp_path, "  - {method: rtn, params: {bits: {low: 2, high: 4, step: 0.5}}}\n"), cwd=tmp_path)
-    assert "rtn.bits is an integer" in line and "step 0.5" in line
+    assert "0.5 is not an integer; rtn.bits is an integer" in line and "step 0.5" in line
 
 
 def test_fractional_bounds_on_integer_choices_are_refused(tmp_path):
     line = refused("check", pipeline_with(tmp_path, "  - {method: rtn, params: {bits: {low: 2.5, high: 4}}}\n"), cwd=tmp_path)
-    assert "rtn.bits is an integer" in line
+    assert "2.5 is not an integer; rtn.bits is an integer" in line
 
 
 def test_a_fractional_fixed_value_is_refused(tmp_path):
@@ -46,7 +46,7 @@ def test_a_fractional_fixed_value_is_refused(tmp_path):
 
 def test_a_fractional_step_on_an_integer_default_is_refused(tmp_path):
     line = refused("check", pipeline_with(tmp_path, "  - {method: wanda, params: {calib_samples: {low: 2, high: 8, step: 1.5}}}\n"), cwd=tmp_path)
-    assert "wanda.calib_samples is an integer" in line
+    assert "wanda.calib_samples is an integer" in line and "1.5 is not an integer" in line
 
 
 def test_numeric_choices_are_documented_as_a_search_space():
