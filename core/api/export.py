@@ -20,6 +20,7 @@ from typing import Any
 
 from paretolab.api import compact
 from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
+from paretolab.data.outputs import check_export_dir, writing
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
@@ -82,14 +83,22 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
 
     ``save_as``: also keep it as a model source of that name (``paretolab models list``), usable as a base.
     """
-    from paretolab.models import check_model, load_subject
     from paretolab.stores.locations import resolve_stores
-    from paretolab.study.spec import parse_spec
 
     stores = stores or resolve_stores(create=False)
-    out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise ExportError(f"--out {out}: exists; pick a new directory or pass --force to replace it")
+    out = check_export_dir(out, force=force, record=RECORD)  # before the ~minute of work, not after it
+    if save_as:
+        from paretolab.training.checkpoints import check_save_name
+
+        check_save_name(save_as, where="--save-as")
+    with writing(out):
+        return _export(study, trial, out, stores, force, save_as, progress)
+
+
+def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save_as: str | None, progress: Any) -> Exported:
+    from paretolab.models import check_model, load_subject
+    from paretolab.study.spec import parse_spec
+
     frozen, record = _complete_trial(study, trial, stores)
     model = str(record["pipeline"].get("model", "")) if isinstance(record["pipeline"], dict) else ""
     try:
@@ -105,20 +114,31 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
     _compare(exported, record["metrics"], result.metrics, spec.task)
     progress(f"writing {out} ...")
     staging = out.with_name(out.name + ".partial")
+    earlier = out.with_name(out.name + ".replaced")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         with quiet():
             _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
-        if out.exists():
-            shutil.rmtree(out)
+        if out.exists():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
+            check_export_dir(out, force=force, record=RECORD)
+            out.rename(earlier)
         staging.rename(out)
+        shutil.rmtree(earlier, ignore_errors=True)
+    except OSError as exc:
+        if earlier.exists() and not out.exists():
+            earlier.rename(out)  # the earlier export stays as it was
+        raise ExportError(f"--out {out}: writing it failed ({exc.strerror or exc}); nothing was left half-written there: "
+                          "free some space or pick another directory") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if save_as:
         from paretolab.training.checkpoints import save_trained
 
-        with quiet():
-            save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
+        try:
+            with quiet():
+                save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
+        except OSError as exc:
+            raise ExportError(f"--save-as {save_as}: saving the model source failed ({exc.strerror or exc}); the export at {out} is complete") from None
         exported.saved_as = save_as
     return exported
 

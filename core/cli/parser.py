@@ -45,6 +45,7 @@ REPORT_METRICS = "ppl,acc,size_bytes,bits_per_weight,sqnr_db,psum_sqnr_db,depth_
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paretolab",
+        allow_abbrev=False,
         description="Map the quality/cost Pareto frontier of ML efficiency methods.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -234,4 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--address", help="Ray cluster address for the Cluster page (env PARETOLAB_RAY_ADDRESS); default: local")
     _store_flags(dashboard)
     dashboard.set_defaults(func=cmd_dashboard)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """``--trial 20`` must not be read as ``--trials 20`` (and run trials): every parser takes whole flag names only."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)

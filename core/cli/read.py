@@ -30,11 +30,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     import shlex
-    from pathlib import Path
 
     from paretolab.errors import ConfigError
     from paretolab.results.section import study_section
 
+    from paretolab.data.outputs import check_file_output, write_text
+
+    output = check_file_output(args.output, "--output") if args.output else None  # before the stores are read, not after
     stores = stores_from_flags(args)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     sections = []
@@ -63,7 +65,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         "Claims and verdicts).",
         "",
     ]
-    Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")
+    write_text(output, "\n".join(head + sections), "--output")
     print(f"wrote {args.output} ({len(sections)} studies)")
     return 0
 
