@@ -97,6 +97,11 @@ def store_problem(what: str, url: str, exc: BaseException) -> str | None:
         return f"the Optuna store {shown} has an older schema; upgrade it with `optuna storage upgrade --storage URL` (back it up first)"
     if "out-of-date database schema" in low or "mlflow db upgrade" in low:
         return f"the MLflow store {shown} has an older schema; upgrade it with `mlflow db upgrade URL` (back it up first)"
+    if "database or disk is full" in low or "no space left on device" in low or "disk quota exceeded" in low:
+        return (f"the {what} store {path or shown} could not be written: the disk is full; nothing half-written was kept: free some "
+                "space, then `paretolab run PIPELINE --resume` continues the study")
+    if "disk i/o error" in low:
+        return f"the {what} store {path or shown} could not be written (disk I/O error); check the disk, then `paretolab run PIPELINE --resume`"
     if "file is not a database" in low or "database disk image is malformed" in low:
         return f"the {what} store {path or shown} is not a SQLite database; move it away or point {where} at another place"
     if "readonly database" in low or "read-only" in low:
