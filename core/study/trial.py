@@ -19,6 +19,7 @@ from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugin_api.subject import Subject, synchronize, tokenizer_state
 from paretolab.records import StagePlan, TrialResult, TrialSettings
+from paretolab.study.reasons import readable_reason
 from paretolab.training.method import curve_history
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
@@ -123,8 +124,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.pruned_at = stop.step
             result.metrics = spent_so_far(stop.subject, ctx)
             result.history = curve_history(stop.subject) if stop.subject is not None else {}
-        except Exception as exc:  # a broken trial must not take the study down
-            result.error = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:  # noqa: BLE001 - a broken trial must not take the study down, KeyboardInterrupt from a plugin included
+            result.error = readable_reason(exc)
             result.traceback = traceback.format_exc()
         result.artifacts = _collect(ctx.artifacts)
     energy_j = meter.end("trial")
