@@ -53,6 +53,12 @@ class Method:
     # own (MACKO's sparse format): a pipeline that runs a method after one that replaced what it works on is refused.
     works_on: ClassVar[tuple[str, ...]] = ()
     replaces: ClassVar[tuple[str, ...]] = ()
+    # True for a method whose saving leaves the output exactly the base model's (a lossless format); the contract suite
+    # then checks that equality, and otherwise that a method reporting a saving changes what the model computes.
+    lossless: ClassVar[bool] = False
+    # False only for a method whose output at a position reads later tokens by design (a prefill that selects tokens
+    # by the prompt's last queries): the contract's causality check is then skipped, and says so.
+    causal: ClassVar[bool] = True
 
     def search_space(self) -> dict[str, BaseDistribution]:
         """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
@@ -73,6 +79,14 @@ class Method:
     def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
         """Extra cost metrics, after the standard measures ran. Default: none."""
         return {}
+
+    def cost_of(self, params: dict[str, Any], subject: Subject) -> str:
+        """Whether this trial's saving is ``real`` or ``simulated``, after ``transform`` ran with ``params`` (default: ``cost_is``).
+
+        Override it where the answer depends on the setting: a format stored for some parameters and only
+        simulated for others, or a kernel that runs on one machine and is emulated on another.
+        """
+        return self.cost_is
 
     def describe(self) -> dict[str, Any]:
         """A plain-data description for `paretolab plugins` and the dashboard."""

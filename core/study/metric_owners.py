@@ -39,3 +39,15 @@ def check_method_metrics(method: Any, reported: Mapping[str, Any], owners: Mappi
             who = owners[name]
             raise PluginError(f"{where} reported metric {name!r}, which {who} already reported in this trial; "
                               "a method may not replace it: report a metric of its own instead")
+
+
+def ownership_problem(method: Any, reported: Mapping[str, Any], task: str = "perplexity") -> str | None:
+    """The contract suite's form of the rule: why ``reported`` is not ``method``'s to report beside ``task``, or None."""
+    from paretolab.plugin_api.manager import registries
+
+    owners = {m: f"the task {task!r}" for m in registries().tasks.get(task).metrics}
+    try:
+        check_method_metrics(method, reported, owners, owner="under test")
+    except PluginError as exc:
+        return str(exc)
+    return None
