@@ -16,6 +16,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     rows = frontier_rows(args.study, stores)
     note = study_quality_note(args.study, stores)
     if args.json:
+        _label_costs(args.study, stores, rows)
         print(json.dumps(rows, indent=2, default=str))
         if rows.constraints:  # the rows say feasible true/false; which bounds, on stderr as the note below: stdout stays the list
             print(f"paretolab: feasible frontier under: {'; '.join(rows.constraints)}", file=sys.stderr)
@@ -26,6 +27,30 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         if note:
             print(f"warning: {note}")
     return 0
+
+
+def _label_costs(study: str, stores: object, rows: list[dict]) -> None:
+    """Each row's ``cost``, as the report and dashboard say it: ``real``, or ``simulated (METHODS)`` for this trial."""
+    from paretolab.results.read import load_study
+    from paretolab.study.recording import SIMULATED_BY
+
+    trials = {t.number: t for t in load_study(study, stores).get_trials(deepcopy=False)}
+    for row in rows:
+        attrs = trials[row["trial"]].user_attrs if row.get("trial") in trials else {}
+        label = attrs.get(SIMULATED_BY) if SIMULATED_BY in attrs else _mlflow_label(stores, row.get("mlflow_run_id", ""))
+        row["cost"] = f"simulated ({label})" if label else "real"
+
+
+def _mlflow_label(stores: object, run_id: str) -> str:
+    """A trial recorded before the label was kept in Optuna: its MLflow run's ``paretolab.simulated_by`` tag."""
+    if not run_id:
+        return ""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return MlflowClient(tracking_uri=stores.tracking_uri).get_run(run_id).data.tags.get("paretolab.simulated_by", "")  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a run the store lost: no label rather than no frontier
+        return ""
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ import optuna
 from paretolab.records import StagePlan, TrialInfo, TrialResult
 from paretolab.stores.open import guarded
 from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN, PRUNED_AT
+
+SIMULATED_BY = "simulated_by"  # user attr: the methods whose saving this trial only simulated ("" when every saving is real)
 from paretolab.study.constraints import keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.pruning import keep_reports
 from paretolab.study.spec import StudySpec
@@ -45,6 +47,7 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
 
 def _tell(study: optuna.Study, job: Any, result: TrialResult, spec: StudySpec, outcome: Any, run_id: str, verdict: Any, bounds: Any) -> None:
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    job.trial.set_user_attr(SIMULATED_BY, ",".join(result.simulated_by))  # this trial's label: real, or simulated by these methods
     keep_verdict(job.trial, verdict, bounds)
     if result.failed:
         job.trial.set_user_attr(FAIL_REASON, result.error)

@@ -175,7 +175,10 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
         stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
         if meter is not None:
             meter.end(f"transform:{stage.stage}")
-        if method.cost_is == "simulated" and method.name not in subject.simulated_by:
+        cost = method.cost_of(dict(stage.params), subject)  # per trial: a saving may be real in one setting, simulated in another
+        if cost not in ("real", "simulated"):
+            raise TypeError(f"method {stage.method!r}: cost_of() must return 'real' or 'simulated', got {cost!r}")
+        if cost == "simulated" and method.name not in subject.simulated_by:
             subject.simulated_by.append(method.name)
         if ctx.pruned_at is not None:  # the method returned early because the pruner said stop
             raise TrialPruned(ctx.pruned_at, subject)
