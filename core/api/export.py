@@ -52,6 +52,7 @@ class Exported:
     simulated_by: list[str] = field(default_factory=list)
     logit_gap: dict[str, float] = field(default_factory=dict)  # "dense" / "compact": reloaded vs the trial's model, relative
     saved_as: str = ""
+    compact_fallback: str = ""  # why compact/ is paretolab's own layout, not compressed-tensors ("" when it is not a fallback)
 
     def lines(self) -> list[str]:
         """What the CLI prints."""
@@ -69,6 +70,8 @@ class Exported:
                    if any("pack-quantized" in k for k in kinds) else "paretolab.api.compact.load_compact")
             out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {self.logit_gap.get('compact', 0):.2g} "
                        f"(relative) of the trial's model (load: {how})")
+            if self.compact_fallback:
+                out.append(f"  compact/ is paretolab's own layout, not compressed-tensors: {self.compact_fallback}")
         if self.simulated_by:
             out.append(f"  simulated saving ({', '.join(self.simulated_by)}): the dense weights hold the method's values in full "
                        "precision; the trial's size_bytes counts the format" + (" compact/ writes" if self.compact else " no file here has"))
@@ -234,7 +237,9 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
     if exported.logit_gap["dense"] > LOGIT_TOLERANCE:
         raise ExportError(f"no export path for {named}: the saved model's logits differ from the trial's model by "
                           f"{exported.logit_gap['dense']:.2g} (relative); its forward pass is not what transformers rebuilds")
-    exported.compact = compact.write(subject, plain, staging / "compact")
+    fallback: list[str] = []
+    exported.compact = compact.write(subject, plain, staging / "compact", fallback)
+    exported.compact_fallback = "; ".join(fallback)
     if exported.compact:
         exported.logit_gap["compact"] = logit_gap(compact.load_compact(staging), reference)
     params = [t for _, t in unique_parameters(plain)]
@@ -250,7 +255,7 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
                        "interval": exported.interval, "within": exported.within},
         "base": {"model": subject.model_name, "study_code_version": record["code_version"]},
         "paretolab": {"version": __version__, "code_version": code_version()},
-        "sizes_bytes": exported.sizes, "compact": exported.compact, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
+        "sizes_bytes": exported.sizes, "compact": exported.compact, "compact_fallback": exported.compact_fallback, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (staging / RECORD).write_text(json.dumps(info, indent=1, default=str))
