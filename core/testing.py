@@ -19,7 +19,6 @@ import difflib
 import json
 import math
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,11 +27,12 @@ from typing import Any, ClassVar
 import optuna
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.devices import tensors_default_to
 from paretolab.plugin_api.method import KINDS, Method
 from paretolab.plugin_api.subject import Subject
+from paretolab.study.metric_owners import ownership_problem
 
 
 def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
@@ -44,6 +44,9 @@ def sample_params(method: Method, seed: int = 0) -> dict[str, Any]:
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
         params.update(study.ask(space).params)
     return params
+
+
+CAUSAL_TOLERANCE = 1e-3  # relative: a longer batch may sum in another order; a non-causal model differs by its logits' scale
 
 
 def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the lazy dog. " * 4) -> torch.Tensor:
@@ -78,44 +81,6 @@ def observable_state(subject: Subject) -> tuple[Any, ...]:
     router = id(subject.router) if subject.router is not None else None
     info = tuple(sorted(k for k in subject.info if k in ("coder", "learner")))  # a coding or tabular method's choice
     return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, router, info)
-
-
-# factory functions that make a tensor from nothing: where it lives is the caller's choice
-_FACTORIES = frozenset({
-    torch.arange, torch.empty, torch.eye, torch.full, torch.linspace, torch.logspace, torch.ones, torch.rand,
-    torch.randint, torch.randn, torch.randperm, torch.tensor, torch.zeros,
-})
-
-
-class _DeviceNamed(TorchFunctionMode):
-    """Raises when paretolab code (core, plugins, kernels) calls a tensor factory without ``device=``."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _FACTORIES and kwargs.get("device") is None:
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_globals.get("__name__", "").startswith("torch"):
-                frame = frame.f_back
-            module = frame.f_globals.get("__name__", "") if frame is not None else ""
-            if module.startswith("paretolab.") and not module.startswith("paretolab.testing"):
-                raise RuntimeError(
-                    f"{frame.f_code.co_filename}:{frame.f_lineno}: torch.{func.__name__}() without device=; "
-                    "pass the model's device (or device='cpu' where the CPU is meant)"
-                )
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def tensors_default_to(device: str = "meta") -> Iterator[None]:
-    """Tensors made without ``device=`` fail: paretolab's own factory calls raise, others land on ``device``.
-
-    A CPU run cannot see a tensor that would sit on the CPU beside a GPU model. Here a factory call
-    in paretolab code (core, plugins, kernels) without ``device=`` raises with its file and line,
-    and a tensor another library makes without one lands on "meta", so the first op that mixes it
-    with the model's tensors fails. Code that means the CPU says ``device="cpu"``.
-    """
-    with torch.device(device), _DeviceNamed():
-        yield
 
 
 def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None = None) -> list[Any]:
@@ -243,6 +208,8 @@ class MethodContract:
             assert name in registered, f"metric {name!r} is not registered (use the register_metrics hook)"
             assert name in method.metrics, f"metric {name!r} is reported but not declared: add it to {type(method).__name__}.metrics"
             assert math.isfinite(float(value)), f"metric {name!r} = {value}"
+        problem = ownership_problem(method, metrics)
+        assert problem is None, problem
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         from paretolab.records import StagePlan, TrialSettings
@@ -309,6 +276,29 @@ class MethodContract:
                 close = difflib.get_close_matches(key, undefaulted, n=1, cutoff=0.6)
                 assert not close, f"defaults() key {key!r} is not in search_space(); did you mean {close[0]!r}?"
 
+    def test_is_causal(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        from paretolab.generation.causality import causal_gap
+
+        if method.kind in LEARNER_CONTRACT_TASKS or not method.causal:
+            pytest.skip("no language model: nothing computes over positions" if method.causal else
+                        f"{type(method).__name__}.causal is False: its output at a position reads later tokens by design")
+        out = method.transform(subject.copy(), dict(params), ctx)
+        ids = torch.randint(0, int(getattr(out.model.config, "vocab_size", 256)), (1, 48), generator=torch.Generator().manual_seed(0)).to(out.device)
+        gap = causal_gap(out.model, ids, 24)
+        assert gap <= CAUSAL_TOLERANCE, f"logits at a prefix change by {gap:.3g} (relative) when tokens are appended: position t must not read tokens after t"
+
+    def test_a_saving_changes_what_it_saves(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        if method.kind in LEARNER_CONTRACT_TASKS:
+            pytest.skip("no language model: its saving is the learner's")
+        before, size = logits_of(subject), reported_bytes(subject, ctx)
+        out = method.transform(subject.copy(), dict(params), ctx)
+        after, saved = logits_of(out), reported_bytes(out, ctx) < size
+        if method.lossless:
+            assert torch.equal(after, before), "declared lossless, but its output differs from the base model's"
+        elif saved:
+            assert not torch.equal(after, before), (f"reports a saving (size_bytes {reported_bytes(out, ctx)} < {size}) while computing exactly the "
+                                                    "base model's output: change what it claims to save, or declare lossless = True")
+
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         own = subject.copy()
         before_state, before_logits, before_size = observable_state(own), logits_of(own), reported_bytes(own, ctx)
@@ -369,6 +359,28 @@ class LearnerMethodContract(MethodContract):
             torch.manual_seed(global_seed)
             results.append(self._metrics(method, subject, params, seed=7))
         assert results[0] == results[1], "the fit depends on torch's global RNG state: seed from the trial's seed instead"
+
+    def test_is_causal(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        from paretolab.generation.causality import causal_gap
+
+        if method.kind in LEARNER_CONTRACT_TASKS:
+            pytest.skip("no language model: nothing computes over positions")
+        out = method.transform(subject.copy(), dict(params), ctx)
+        ids = torch.randint(0, int(getattr(out.model.config, "vocab_size", 256)), (1, 48), generator=torch.Generator().manual_seed(0)).to(out.device)
+        gap = causal_gap(out.model, ids, 24)
+        assert gap <= CAUSAL_TOLERANCE, f"logits at a prefix change by {gap:.3g} (relative) when tokens are appended: position t must not read tokens after t"
+
+    def test_a_saving_changes_what_it_saves(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        if method.kind in LEARNER_CONTRACT_TASKS:
+            pytest.skip("no language model: its saving is the learner's")
+        before, size = logits_of(subject), reported_bytes(subject, ctx)
+        out = method.transform(subject.copy(), dict(params), ctx)
+        after, saved = logits_of(out), reported_bytes(out, ctx) < size
+        if method.lossless:
+            assert torch.equal(after, before), "declared lossless, but its output differs from the base model's"
+        elif saved:
+            assert not torch.equal(after, before), (f"reports a saving (size_bytes {reported_bytes(out, ctx)} < {size}) while computing exactly the "
+                                                    "base model's output: change what it claims to save, or declare lossless = True")
 
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         own = subject.copy()

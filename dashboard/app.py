@@ -22,6 +22,8 @@ from paretolab.dashboard.view_studies import (
     studies_page,
 )
 from paretolab.dashboard.view_trial import compare_page, trial_page
+from paretolab.errors import ConfigError
+from paretolab.stores.open import check_readable
 
 PAGES = {
     "Studies": studies_page,
@@ -47,7 +49,7 @@ def _from_url() -> None:
         st.session_state["study"] = query["study"]
         st.session_state["_asked_study"] = query["study"]  # checked against the stores once they are read
     trial = query.get("trial", "")
-    if trial.isdigit():
+    if trial.isascii() and trial.isdigit():  # "²".isdigit() is True, int("²") raises
         st.session_state["trial"] = int(trial)
 
 
@@ -69,6 +71,11 @@ def main() -> None:
     # Under `streamlit run app.py -- ARGS` argv is [app.py, *ARGS]; under AppTest it is the test runner's.
     args = parse_args(sys.argv[1:] if sys.argv and sys.argv[0].endswith("app.py") else [])
     stores = stores_from(args)
+    try:
+        check_readable(stores)
+    except ConfigError as exc:  # the line `paretolab studies` prints for the same store
+        st.error(str(exc))
+        st.stop()
     studies = data.list_studies(stores.optuna_url)
     names = [s.name for s in studies]
 

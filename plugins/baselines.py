@@ -30,6 +30,7 @@ class Magnitude(Method):
     """
 
     name = "magnitude"
+    works_on = ("linear",)
     kind = "weights"
     paper = Paper("Learning both Weights and Connections for Efficient Neural Networks", "NeurIPS 2015", "https://arxiv.org/abs/1506.02626")
     cost_is = "simulated"
@@ -76,6 +77,7 @@ class RTN(Method):
     """
 
     name = "rtn"
+    works_on = ("linear",)
     kind = "weights"
     paper = Paper("Round-to-nearest weight quantization (standard baseline)", "", "")
     cost_is = "simulated"

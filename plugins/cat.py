@@ -180,6 +180,8 @@ class CAT(Method):
     name = "cat"
     metrics = ("sqnr_db",)
     kind = "weights"
+    works_on = ("linear",)
+    replaces = ("linear",)  # CATLinear
     paper = PAPER
     cost_is = "simulated"
 

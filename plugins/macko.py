@@ -134,6 +134,8 @@ class Macko(Method):
     name = "macko"
     metrics = ("macko_bytes_ratio",)
     kind = "weights"
+    works_on = ("linear",)
+    replaces = ("linear",)  # MackoLinear: a later weights method finds no nn.Linear to change
     paper = Paper("MACKO-SpMV: Mutually Aligned Compressed coordinates Kernel Optimised SpMV", "", "https://github.com/vlejd/macko_spmv")
     cost_is = "real"
 

@@ -206,6 +206,7 @@ class TokenSparseAttention(Method):
 
     name = "token_sparse_attention"
     metrics = ("attn_kept_frac",)
+    causal = False  # the prefill keeps the tokens the prompt's last `window` queries score: earlier positions see that choice
     kind = "decoding"
     paper = PAPER
     cost_is = "real"

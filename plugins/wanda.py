@@ -45,6 +45,7 @@ class Wanda(Method):
     """Unstructured (or N:M) pruning by |W|·‖X‖₂ over calibration activations, per output row."""
 
     name = "wanda"
+    works_on = ("linear",)
     kind = "weights"
     paper = PAPER
     cost_is = "simulated"

@@ -71,7 +71,7 @@ def _check_rebuildable(model: torch.nn.Module) -> None:
         raise TypeError(f"module {hooked!r} carries forward hooks, which a saved model does not keep")
 
 
-def write(subject: Subject, plain: torch.nn.Module, folder: Path) -> dict[str, str]:
+def write(subject: Subject, plain: torch.nn.Module, folder: Path, why: list[str] | None = None) -> dict[str, str]:
     """Write the compact form of every pruned or quantized tensor (nothing when there is none); tensor -> format.
 
     Quantized weights alone (no MACKO tensor, groups along rows) go to compressed-tensors where it is installed
@@ -111,8 +111,13 @@ def write(subject: Subject, plain: torch.nn.Module, folder: Path) -> dict[str, s
     # groups over the flattened tensor are groups along rows when they divide a row
     ints = {k: (v["bits"], v["group_size"]) for k, v in layout.items()
             if v["format"].startswith("int") and (not v["flat_groups"] or v["shape"][1] % v["group_size"] == 0)}
-    if len(ints) == len(compacted) and compressed.available() and compressed.write(plain, ints, folder, subject.tokenizer):
+    why = why if why is not None else []
+    if len(ints) == len(compacted) and compressed.available() and compressed.write(plain, ints, folder, subject.tokenizer, why):
         return {k: f"{v} ({compressed.FORMAT})" for k, v in compacted.items()}
+    if len(ints) == len(compacted) and not compressed.available():
+        why.append("compressed-tensors is not installed (pip install compressed-tensors)")
+    elif all(v.startswith("int") for v in compacted.values()) and len(ints) < len(compacted):
+        why.append("some integer groups run across rows (they do not divide a row), which compressed-tensors cannot hold")
     folder.mkdir(parents=True)
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / WEIGHTS))
     (folder / LAYOUT).write_text(json.dumps({"tied": _tied(plain), "tensors": layout}, indent=1))

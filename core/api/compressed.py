@@ -31,8 +31,10 @@ def available() -> bool:
     return True
 
 
-def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder: Path, tokenizer: Any) -> bool:
-    """Write ``plain`` with the Linear weights ``quantized`` names (tensor -> (bits, group size)) packed; True when kept."""
+def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder: Path, tokenizer: Any, why: list[str] | None = None) -> bool:
+    """Write ``plain`` with the Linear weights ``quantized`` names (tensor -> (bits, group size)) packed; True when kept.
+
+    ``why``: gets the reason when it is not kept (compressed-tensors refused the scheme, or its reload computes otherwise)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme, apply_quantization_config
 
@@ -58,9 +60,15 @@ def write(plain: torch.nn.Module, quantized: dict[str, tuple[int, int]], folder:
             compressor.update_config(folder)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
-            kept = logit_gap(reload(folder), reference) <= TOLERANCE
-    except Exception:  # a shape or scheme compressed-tensors does not take: paretolab's own layout instead
+            gap = logit_gap(reload(folder), reference)
+            kept = gap <= TOLERANCE
+            if not kept and why is not None:
+                schemes = ", ".join(sorted({f"int{b} groups of {g}" for b, g in quantized.values()}))
+                why.append(f"compressed-tensors' reload ({schemes}) differs from the trial's model by {gap:.2g} (relative, over {TOLERANCE:g})")
+    except Exception as exc:  # a shape or scheme compressed-tensors does not take: paretolab's own layout instead
         kept = False
+        if why is not None:
+            why.append(f"compressed-tensors refused it: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
     if not kept:
         import shutil
 

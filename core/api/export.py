@@ -20,6 +20,7 @@ from typing import Any
 
 from paretolab.api import compact
 from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
+from paretolab.data.outputs import check_export_dir, writing
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
@@ -51,6 +52,7 @@ class Exported:
     simulated_by: list[str] = field(default_factory=list)
     logit_gap: dict[str, float] = field(default_factory=dict)  # "dense" / "compact": reloaded vs the trial's model, relative
     saved_as: str = ""
+    compact_fallback: str = ""  # why compact/ is paretolab's own layout, not compressed-tensors ("" when it is not a fallback)
 
     def lines(self) -> list[str]:
         """What the CLI prints."""
@@ -68,6 +70,8 @@ class Exported:
                    if any("pack-quantized" in k for k in kinds) else "paretolab.api.compact.load_compact")
             out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {self.logit_gap.get('compact', 0):.2g} "
                        f"(relative) of the trial's model (load: {how})")
+            if self.compact_fallback:
+                out.append(f"  compact/ is paretolab's own layout, not compressed-tensors: {self.compact_fallback}")
         if self.simulated_by:
             out.append(f"  simulated saving ({', '.join(self.simulated_by)}): the dense weights hold the method's values in full "
                        "precision; the trial's size_bytes counts the format" + (" compact/ writes" if self.compact else " no file here has"))
@@ -82,14 +86,22 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
 
     ``save_as``: also keep it as a model source of that name (``paretolab models list``), usable as a base.
     """
-    from paretolab.models import check_model, load_subject
     from paretolab.stores.locations import resolve_stores
-    from paretolab.study.spec import parse_spec
 
     stores = stores or resolve_stores(create=False)
-    out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise ExportError(f"--out {out}: exists; pick a new directory or pass --force to replace it")
+    out = check_export_dir(out, force=force, record=RECORD)  # before the ~minute of work, not after it
+    if save_as:
+        from paretolab.training.checkpoints import check_save_name
+
+        check_save_name(save_as, where="--save-as")
+    with writing(out):
+        return _export(study, trial, out, stores, force, save_as, progress)
+
+
+def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save_as: str | None, progress: Any) -> Exported:
+    from paretolab.models import check_model, load_subject
+    from paretolab.study.spec import parse_spec
+
     frozen, record = _complete_trial(study, trial, stores)
     model = str(record["pipeline"].get("model", "")) if isinstance(record["pipeline"], dict) else ""
     try:
@@ -105,20 +117,31 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
     _compare(exported, record["metrics"], result.metrics, spec.task)
     progress(f"writing {out} ...")
     staging = out.with_name(out.name + ".partial")
+    earlier = out.with_name(out.name + ".replaced")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         with quiet():
             _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
-        if out.exists():
-            shutil.rmtree(out)
+        if out.exists():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
+            check_export_dir(out, force=force, record=RECORD)
+            out.rename(earlier)
         staging.rename(out)
+        shutil.rmtree(earlier, ignore_errors=True)
+    except OSError as exc:
+        if earlier.exists() and not out.exists():
+            earlier.rename(out)  # the earlier export stays as it was
+        raise ExportError(f"--out {out}: writing it failed ({exc.strerror or exc}); nothing was left half-written there: "
+                          "free some space or pick another directory") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if save_as:
         from paretolab.training.checkpoints import save_trained
 
-        with quiet():
-            save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
+        try:
+            with quiet():
+                save_trained(subject, save_as, {"exported_from": f"{study}#{trial}", "params": record["params"], "metrics": record["metrics"]})
+        except OSError as exc:
+            raise ExportError(f"--save-as {save_as}: saving the model source failed ({exc.strerror or exc}); the export at {out} is complete") from None
         exported.saved_as = save_as
     return exported
 
@@ -214,7 +237,9 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
     if exported.logit_gap["dense"] > LOGIT_TOLERANCE:
         raise ExportError(f"no export path for {named}: the saved model's logits differ from the trial's model by "
                           f"{exported.logit_gap['dense']:.2g} (relative); its forward pass is not what transformers rebuilds")
-    exported.compact = compact.write(subject, plain, staging / "compact")
+    fallback: list[str] = []
+    exported.compact = compact.write(subject, plain, staging / "compact", fallback)
+    exported.compact_fallback = "; ".join(fallback)
     if exported.compact:
         exported.logit_gap["compact"] = logit_gap(compact.load_compact(staging), reference)
     params = [t for _, t in unique_parameters(plain)]
@@ -230,7 +255,7 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
                        "interval": exported.interval, "within": exported.within},
         "base": {"model": subject.model_name, "study_code_version": record["code_version"]},
         "paretolab": {"version": __version__, "code_version": code_version()},
-        "sizes_bytes": exported.sizes, "compact": exported.compact, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
+        "sizes_bytes": exported.sizes, "compact": exported.compact, "compact_fallback": exported.compact_fallback, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (staging / RECORD).write_text(json.dumps(info, indent=1, default=str))

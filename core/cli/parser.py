@@ -54,6 +54,7 @@ def _store_flags(p: argparse.ArgumentParser, default: object = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = SuggestingParser(
         prog="paretolab",
+        allow_abbrev=False,
         description="Map the quality/cost Pareto frontier of ML efficiency methods.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -125,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
         "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
-        "cost saving is real (a stored format or kernel) or simulated."
+        "cost saving is real (a stored format or kernel) or simulated. A numeric list in a search space (rtn.bits: 2, 3, 4, 8) is "
+        "what a search tries by default, not the only values allowed: a pipeline may give another number the method accepts; "
+        "an integer parameter refuses fractional values and steps."
     ))
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=cmd_plugins)
@@ -297,4 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--address", help="Ray cluster address for the Cluster page (env PARETOLAB_RAY_ADDRESS); default: local")
     _store_flags(dashboard)
     dashboard.set_defaults(func=cmd_dashboard)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """``--trial 20`` must not be read as ``--trials 20`` (and run trials): every parser takes whole flag names only."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)

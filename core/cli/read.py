@@ -16,6 +16,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     rows = frontier_rows(args.study, stores)
     note = study_quality_note(args.study, stores)
     if args.json:
+        _label_costs(args.study, stores, rows)
         print(json.dumps(rows, indent=2, default=str))
         if rows.constraints:  # the rows say feasible true/false; which bounds, on stderr as the note below: stdout stays the list
             print(f"paretolab: feasible frontier under: {'; '.join(rows.constraints)}", file=sys.stderr)
@@ -28,13 +29,43 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label_costs(study: str, stores: object, rows: list[dict]) -> None:
+    """Each row's ``cost``, as the report and dashboard say it: ``real``, or ``simulated (METHODS)`` for this trial."""
+    from paretolab.results.read import load_study
+    from paretolab.study.recording import SIMULATED_BY
+
+    trials = {t.number: t for t in load_study(study, stores).get_trials(deepcopy=False)}
+    for row in rows:
+        attrs = trials[row["trial"]].user_attrs if row.get("trial") in trials else {}
+        label = attrs.get(SIMULATED_BY) if SIMULATED_BY in attrs else _mlflow_label(stores, row.get("mlflow_run_id", ""))
+        row["cost"] = f"simulated ({label})" if label else "real"
+
+
+def _mlflow_label(stores: object, run_id: str) -> str:
+    """A trial recorded before the label was kept in Optuna: its MLflow run's ``paretolab.simulated_by`` tag (stores or bundle)."""
+    if not run_id:
+        return ""
+    from paretolab.results.source import BundleSource, source_of
+
+    source = source_of(stores)  # type: ignore[arg-type]
+    if isinstance(source, BundleSource):
+        run = source.runs.get(run_id)
+        return run.tags.get("paretolab.simulated_by", "") if run is not None else ""
+    try:
+        return source.client().get_run(run_id).data.tags.get("paretolab.simulated_by", "")
+    except Exception:  # noqa: BLE001 - a run the store lost: no label rather than no frontier
+        return ""
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     import shlex
-    from pathlib import Path
 
     from paretolab.errors import ConfigError
     from paretolab.results.section import study_section
 
+    from paretolab.data.outputs import check_file_output, write_text
+
+    output = check_file_output(args.output, "--output") if args.output else None  # before the stores are read, not after
     stores = source_from_flags(args)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     sections = []
@@ -63,7 +94,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         "tutorials/verdicts.md).",
         "",
     ]
-    Path(args.output).write_text("\n".join(head + sections), encoding="utf-8")
+    write_text(output, "\n".join(head + sections), "--output")
     print(f"wrote {args.output} ({len(sections)} studies)")
     return 0
 
@@ -84,6 +115,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port: expected 1..65535, got {args.port}")
     stores = stores_from_flags(args)
+    from paretolab.stores.open import check_readable
+
+    check_readable(stores)  # a store `studies` refuses is refused here too, not shown as a raw error on the page
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"paretolab: warning: --host {args.host}: the dashboard has no login; anyone who can reach this address on port "
+              f"{args.port} reads every study in these stores", file=sys.stderr)
     app = Path(paretolab.dashboard.__file__).with_name("app.py")
     # Stores travel as environment variables, not arguments, so a password in a URL stays out of `ps`.
     env = {**os.environ, "PARETOLAB_OPTUNA_STORAGE": stores.optuna_url, "PARETOLAB_TRACKING_URI": stores.tracking_uri,

@@ -49,6 +49,16 @@ class Method:
     # Metrics this method adds to a trial (from evaluate, measure or its generator's stats):
     # a pipeline may only take an objective that its task, measures or methods declare.
     metrics: ClassVar[tuple[str, ...]] = ()
+    # Which modules its transform changes ("linear": the model's nn.Linear layers), and which it swaps for modules of its
+    # own (MACKO's sparse format): a pipeline that runs a method after one that replaced what it works on is refused.
+    works_on: ClassVar[tuple[str, ...]] = ()
+    replaces: ClassVar[tuple[str, ...]] = ()
+    # True for a method whose saving leaves the output exactly the base model's (a lossless format); the contract suite
+    # then checks that equality, and otherwise that a method reporting a saving changes what the model computes.
+    lossless: ClassVar[bool] = False
+    # False only for a method whose output at a position reads later tokens by design (a prefill that selects tokens
+    # by the prompt's last queries): the contract's causality check is then skipped, and says so.
+    causal: ClassVar[bool] = True
 
     def search_space(self) -> dict[str, BaseDistribution]:
         """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
@@ -70,6 +80,14 @@ class Method:
         """Extra cost metrics, after the standard measures ran. Default: none."""
         return {}
 
+    def cost_of(self, params: dict[str, Any], subject: Subject) -> str:
+        """Whether this trial's saving is ``real`` or ``simulated``, after ``transform`` ran with ``params`` (default: ``cost_is``).
+
+        Override it where the answer depends on the setting: a format stored for some parameters and only
+        simulated for others, or a kernel that runs on one machine and is emulated on another.
+        """
+        return self.cost_is
+
     def describe(self) -> dict[str, Any]:
         """A plain-data description for `paretolab plugins` and the dashboard."""
         return {
@@ -78,6 +96,8 @@ class Method:
             "paper": str(self.paper) if self.paper else "",
             "cost_is": self.cost_is,
             "metrics": list(self.metrics),
+            **({"works_on": list(self.works_on)} if self.works_on else {}),
+            **({"replaces": list(self.replaces)} if self.replaces else {}),
             "search_space": {k: _describe_distribution(d) for k, d in self.search_space().items()},
         }
 
@@ -123,7 +143,9 @@ def _describe_distribution(dist: Any) -> str:
     )
 
     if isinstance(dist, CategoricalDistribution):
-        return "one of " + ", ".join(repr(c) for c in dist.choices)
+        numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in dist.choices)
+        # numeric choices are the searched values, not a validity range: a pipeline may fix another number the method accepts
+        return ("searched over " if numeric else "one of ") + ", ".join(repr(c) for c in dist.choices) + (" (other numbers allowed)" if numeric else "")
     if isinstance(dist, (FloatDistribution, IntDistribution)):
         text = f"{dist.low}..{dist.high}"
         if dist.log:

@@ -23,6 +23,7 @@ ARTIFACT_ENV = "PARETOLAB_ARTIFACT_ROOT"
 CONFIG_ENV = "PARETOLAB_CONFIG"
 CONFIG_FILE = "paretolab.yaml"
 CONFIG_KEYS = ("home", "optuna_storage", "tracking_uri", "artifact_root")
+MAX_CONFIG_BYTES = 64 * 1024  # four URLs and a folder
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,15 @@ def _make_home(root: Path) -> None:
 
 def read_config() -> dict[str, str]:
     """The ``stores:`` mapping of the config file, if there is one."""
-    import yaml
+    from paretolab.data.yaml_read import read_yaml_file
 
     named = os.environ.get(CONFIG_ENV)
     path = Path(named).expanduser() if named else Path(CONFIG_FILE)
-    if not path.is_file():
+    if not path.exists():
         if named:
             raise ConfigError(f"{CONFIG_ENV}: no file at {path}; unset it or point it at a YAML file with a `stores:` mapping")
         return {}
-    raw: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    raw: Any = read_yaml_file(path, "store config", MAX_CONFIG_BYTES) or {}
     stores = raw.get("stores", {}) if isinstance(raw, dict) else None
     if not isinstance(stores, dict):
         raise ConfigError(f"{path}: `stores` must be a mapping with keys {', '.join(CONFIG_KEYS)}")

@@ -14,6 +14,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from paretolab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -27,8 +29,13 @@ def seed_sqlite_store(path: Path) -> bool:
     template = _template()
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    shutil.copyfile(template, part)
-    os.replace(part, path)
+    try:
+        shutil.copyfile(template, part)
+        os.replace(part, path)
+    except OSError as exc:
+        part.unlink(missing_ok=True)  # never left behind: a failed creation leaves the folder as it was
+        raise ConfigError(f"cannot create the MLflow store {path} ({exc.strerror or exc}); free some space or point --home / "
+                          "--tracking-uri at a folder you can write") from None
     return True
 
 
@@ -46,9 +53,16 @@ def _template() -> Path:
     log.info("making MLflow %s's empty SQLite schema once (%s)", mlflow.__version__, path)
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    store = SqlAlchemyStore(f"sqlite:///{part}", str(path.parent / "unused-artifacts"))  # runs every migration
-    store.engine.dispose()
-    with sqlite3.connect(part) as conn:  # the schema only: each store gets its own Default experiment on first open
-        conn.execute("DELETE FROM experiments")
-    os.replace(part, path)  # atomic: a concurrent maker's copy is the same schema
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{part}", str(path.parent / "unused-artifacts"))  # runs every migration
+        store.engine.dispose()
+        with sqlite3.connect(part) as conn:  # the schema only: each store gets its own Default experiment on first open
+            conn.execute("DELETE FROM experiments")
+        os.replace(part, path)  # atomic: a concurrent maker's copy is the same schema
+    except Exception as exc:
+        part.unlink(missing_ok=True)
+        if isinstance(exc, (OSError, sqlite3.Error)) or "disk" in str(exc).lower():
+            raise ConfigError(f"cannot make MLflow's empty schema in {path.parent} ({' '.join(str(exc).split())[:160]}); free some space "
+                              "or point PARETOLAB_CACHE at a folder you can write") from None
+        raise
     return path

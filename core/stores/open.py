@@ -48,7 +48,29 @@ def optuna_storage(stores: Stores, *, create: bool) -> Any:
     if not exists(url):
         raise ConfigError(f"no Optuna store at {sqlite_file(url)}: no study has run with these stores yet "
                           "(check --home / --storage, or run a pipeline first)")
+    check_readable(stores)
     return guarded("Optuna", url, lambda: optuna.storages.RDBStorage(url, skip_table_creation=True))
+
+
+def check_readable(stores: Stores) -> None:
+    """Refuse, in one line naming the file and the fix, a SQLite store that a read would have to create, migrate or
+    trip over: empty, not SQLite, damaged, locked, missing its tables, or holding a complete trial without values.
+
+    Read paths call it before any Optuna or MLflow code touches the file (both would create a schema in an empty one).
+    A server store is left to its driver's errors (``guarded``).
+    """
+    from paretolab.stores.store_check import sqlite_problem
+
+    for what, url, tables in (("Optuna", stores.optuna_url, OPTUNA_TABLES), ("MLflow", stores.tracking_uri, MLFLOW_TABLES)):
+        path = sqlite_file(url)
+        if path is not None and path.exists():
+            problem = sqlite_problem(what, path, tables, "--home / --storage" if what == "Optuna" else "--home / --tracking-uri")
+            if problem:
+                raise ConfigError(problem)
+
+
+OPTUNA_TABLES = ("studies", "trials", "trial_values", "trial_params", "version_info")
+MLFLOW_TABLES = ("experiments", "runs", "metrics", "params", "tags", "alembic_version")
 
 
 def guarded(what: str, url: str, action: Callable[[], T]) -> T:
@@ -75,6 +97,11 @@ def store_problem(what: str, url: str, exc: BaseException) -> str | None:
         return f"the Optuna store {shown} has an older schema; upgrade it with `optuna storage upgrade --storage URL` (back it up first)"
     if "out-of-date database schema" in low or "mlflow db upgrade" in low:
         return f"the MLflow store {shown} has an older schema; upgrade it with `mlflow db upgrade URL` (back it up first)"
+    if "database or disk is full" in low or "no space left on device" in low or "disk quota exceeded" in low:
+        return (f"the {what} store {path or shown} could not be written: the disk is full; nothing half-written was kept: free some "
+                "space, then `paretolab run PIPELINE --resume` continues the study")
+    if "disk i/o error" in low:
+        return f"the {what} store {path or shown} could not be written (disk I/O error); check the disk, then `paretolab run PIPELINE --resume`"
     if "file is not a database" in low or "database disk image is malformed" in low:
         return f"the {what} store {path or shown} is not a SQLite database; move it away or point {where} at another place"
     if "readonly database" in low or "read-only" in low:

@@ -34,6 +34,7 @@ class Tracker:
         from paretolab.stores.ownership import creating_stores
 
         self.study = study
+        self.uri = stores.tracking_uri
         with guarded("MLflow", stores.tracking_uri, lambda: creating_stores(stores.tracking_uri)):  # MLflow migrates an empty database on first use: one process at a time
             path = sqlite_file(stores.tracking_uri)
             if path is not None:

@@ -34,6 +34,7 @@ from paretolab.study.optuna_study import (
 )
 from paretolab.study.interrupt import INTERRUPTED, StopSignal, requeue_interrupted
 from paretolab.study.pool import WorkerPool
+from paretolab.study.reasons import readable_reason
 from paretolab.study.recording import record_trial, study_tags, trial_tags
 from paretolab.study.constraints import missing_references, reference_arms
 from paretolab.study.proposer import ENQUEUED, Proposer
@@ -245,7 +246,7 @@ def _drive(
                                          f"worker process died while the driver was stopping: {first_line(exc)}")
                 except ray.exceptions.RayError as exc:
                     pool.give_back(job.worker)
-                    result = TrialResult(error=f"{type(exc).__name__}: {first_line(exc)}")
+                    result = TrialResult(error=readable_reason(exc))  # the worker's own exception, without Ray's colour codes
                 record(job, result, now)
             for ref, job in list(in_flight.items()):
                 if now - job.started > spec.search.trial_timeout_s:

@@ -64,7 +64,7 @@ class Proposer:
         self.seen: set[tuple] = set()
         for t in study.get_trials(deepcopy=False):
             self.seen.add(params_key(held_params(t)))
-        self.first = [(label, partial) for label, partial in first or [] if not self._held(partial)]
+        self.first = self._still_to_run(first or [])
         self._label = ""
 
     @property
@@ -72,9 +72,20 @@ class Proposer:
         """Every distinct parameter set of a discrete space has been tried."""
         return self.size is not None and len(self.seen) >= self.size
 
-    def _held(self, partial: dict[str, Any]) -> bool:
-        """Whether a trial that is not failed (complete, pruned, running or queued) already has ``partial``'s values."""
-        return any(t.state != optuna.trial.TrialState.FAIL and in_arm(held_params(t), partial) for t in self.study.get_trials(deepcopy=False))
+    def _still_to_run(self, first: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        """The entries of ``first`` no trial has run yet, each matched to one trial of its own: the trial labelled with it,
+        else an unlabelled one holding its values (a copied trial). A point listed twice runs twice, resumed or not."""
+        trials = [t for t in self.study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.FAIL]
+        used: set[int] = set()
+        left = []
+        for label, partial in first:
+            match = next((t for t in trials if t.number not in used and t.user_attrs.get(ENQUEUED) == label), None) or next(
+                (t for t in trials if t.number not in used and not t.user_attrs.get(ENQUEUED) and in_arm(held_params(t), partial)), None)
+            if match is None:
+                left.append((label, partial))
+            else:
+                used.add(match.number)
+        return left
 
     def ask(self) -> optuna.Trial | None:
         """Enqueue the next proposal and ask the study for it; None when nothing untried is left."""

@@ -8,7 +8,10 @@ from typing import Any
 import optuna
 
 from paretolab.records import StagePlan, TrialInfo, TrialResult
+from paretolab.stores.open import guarded
 from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN, PRUNED_AT
+
+SIMULATED_BY = "simulated_by"  # user attr: the methods whose saving this trial only simulated ("" when every saving is real)
 from paretolab.study.constraints import keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.pruning import keep_reports
 from paretolab.study.spec import StudySpec
@@ -33,8 +36,18 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
     verdict, bounds = ({}, {}) if result.failed or result.pruned else trial_verdict(spec.constraints, study, job.trial.number, job.trial.params, result.metrics)
     params = {**_flat_params(job.plan), "trial.attempt": job.attempt}
     run_tags = {**tags, "paretolab.study.worker": result.worker, **verdict_tags(verdict)}
-    run_id = tracker.log_trial(parent, job.trial.number, params, result, run_tags)
+    run_id = guarded("MLflow", getattr(tracker, "uri", ""), lambda: tracker.log_trial(parent, job.trial.number, params, result, run_tags))
+    storage = getattr(study, "_storage", None)
+    url = str(getattr(storage, "url", "") or getattr(getattr(storage, "_backend", None), "url", "") or "")
+    # a full disk or a broken store is one line (``guarded``); the trial is not COMPLETE in Optuna, so resume runs it again
+    guarded("Optuna", url, lambda: _tell(study, job, result, spec, outcome, run_id, verdict, bounds))
+    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
+    return 1
+
+
+def _tell(study: optuna.Study, job: Any, result: TrialResult, spec: StudySpec, outcome: Any, run_id: str, verdict: Any, bounds: Any) -> None:
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
+    job.trial.set_user_attr(SIMULATED_BY, ",".join(result.simulated_by))  # this trial's label: real, or simulated by these methods
     keep_verdict(job.trial, verdict, bounds)
     if result.failed:
         job.trial.set_user_attr(FAIL_REASON, result.error)
@@ -47,8 +60,6 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
     else:
         study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
         outcome.completed += 1
-    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
-    return 1
 
 
 def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:

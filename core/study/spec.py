@@ -21,8 +21,8 @@ from paretolab.study.constraints import Constraint, parse_constraints
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
 from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
-from paretolab.study.stages import Stage, parse_stage
-from paretolab.study.yaml_read import MAX_PIPELINE_BYTES, read_yaml
+from paretolab.study.stages import Stage, check_composition, parse_stage
+from paretolab.data.yaml_read import MAX_PIPELINE_BYTES, read_yaml_file
 from paretolab.tasks.held_out import check_calibration_corpus
 from paretolab.training.method import check_train_stages
 
@@ -117,17 +117,7 @@ TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search",
 
 def load_spec(path: str | Path) -> StudySpec:
     """Read and validate a pipeline file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"pipeline file {str(path)!r} does not exist")
-    size = path.stat().st_size
-    if size > MAX_PIPELINE_BYTES:
-        raise ConfigError(f"{path}: {size} bytes; a pipeline file may hold at most {MAX_PIPELINE_BYTES} bytes, so cut it down")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc}); save the pipeline as UTF-8") from None
-    return parse_spec(read_yaml(text, str(path)), source=str(path))
+    return parse_spec(read_yaml_file(path, "pipeline file", MAX_PIPELINE_BYTES), source=str(path))
 
 
 def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
@@ -161,6 +151,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     if not isinstance(stages_raw, list) or not stages_raw:
         raise ConfigError("stages: expected a non-empty list of {method: ...} or {choice: [...]} entries")
     stages = tuple(parse_stage(s, i, regs) for i, s in enumerate(stages_raw))
+    check_composition(stages, regs)
     ids = [s.id for s in stages]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"stages: stage ids must be unique, got {ids}")

@@ -65,6 +65,22 @@ def to_distribution(param: Choices | Range) -> Any:
     return FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
 
 
+def check_composition(stages: tuple[Stage, ...], regs: Any) -> None:
+    """Refuse a method that runs after one that replaced the modules it works on (``Method.works_on`` / ``replaces``):
+    it would find nothing to change, and its trials would record the earlier method's numbers under its name."""
+    for i, early in enumerate(stages):
+        for first in early.options:
+            replaced = set(regs.methods.get(first.method).replaces)
+            for j, late in enumerate(stages[i + 1:], start=i + 1):
+                for then in late.options:
+                    gone = sorted(replaced & set(regs.methods.get(then.method).works_on))
+                    if gone:
+                        raise ConfigError(
+                            f"stages[{j}] ({then.method!r}, stage {late.id!r}) runs after stages[{i}] ({first.method!r}, stage {early.id!r}), "
+                            f"which replaces the {', '.join(gone)} modules {then.method!r} works on: it would change nothing and its "
+                            f"trials would measure {first.method!r} alone; put {then.method!r} first, or drop one of them")
+
+
 def parse_stage(raw: Any, index: int, regs: Any) -> Stage:
     where = f"stages[{index}]"
     if not isinstance(raw, dict):
@@ -139,8 +155,14 @@ def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSp
     if isinstance(param, Range):
         if isinstance(dist, FloatDistribution) and param.integer:
             param = replace(param, integer=False)  # {low: 0, high: 1} on a float parameter means 0.0..1.0
-        if isinstance(dist, IntDistribution) and not param.integer:
-            raise ConfigError(f"{where}: {method.name}.{key} is an integer; give integer low, high and step, got {param.low}..{param.high} step {param.step}")
+        default = method.defaults().get(key)
+        integer = (isinstance(dist, IntDistribution) or dist is None and is_int(default)
+                   or isinstance(dist, CategoricalDistribution) and all(is_int(c) for c in dist.choices))
+        if integer and not param.integer:
+            step = f" step {param.step}" if param.step is not None else ""
+            bad = next(v for v in (param.low, param.high, param.step) if v is not None and not is_int(v))
+            raise ConfigError(f"{where}: {bad!r} is not an integer; {method.name}.{key} is an integer: give integer low, high and step, "
+                              f"got {param.low}..{param.high}{step} (a fractional value would be recorded as searched but run as an integer)")
         if isinstance(dist, CategoricalDistribution) and not all(is_number(c) for c in dist.choices):
             raise ConfigError(f"{where}: {method.name}.{key} is one of {', '.join(map(repr, dist.choices))}, not a range; give a list")
         values: tuple[Any, ...] = (param.low, param.high)
@@ -183,7 +205,7 @@ def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
             return f"is not an integer; give an integer like {', '.join(map(repr, choices))}"
         if all(is_number(c) for c in choices) and not is_number(value):
             return f"is not a number; give a number like {', '.join(map(repr, choices))}"
-        return None
+        return None  # numeric choices are the method's default search space, not its validity range: the method checks the value
     if default is None or value is None:
         return None
     expected = (

@@ -19,6 +19,7 @@ from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugin_api.subject import Subject, synchronize, tokenizer_state
 from paretolab.records import StagePlan, TrialResult, TrialSettings
+from paretolab.study.reasons import readable_reason
 from paretolab.training.method import curve_history
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
@@ -79,22 +80,25 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
                 meter.begin("evaluate")
                 task = regs.tasks.get(settings.task)
                 metrics = dict(task.evaluate(subject, parse_options(task.options, settings.task_options, where="task"), ctx))
+                owners = {k: f"the task {settings.task!r}" for k in metrics}
                 for method in methods:
-                    metrics.update(method.evaluate(subject, ctx))
+                    _take(metrics, owners, method, method.evaluate(subject, ctx), regs, "evaluate")
                 synchronize(subject.device)  # queued GPU work belongs to this stage
                 result.stage_s["evaluate"] = time.perf_counter() - t0
                 meter.end("evaluate")
 
                 t0 = time.perf_counter()
                 meter.begin("measure")
-                task_metrics = set(metrics)
+                task_metrics_now = set(metrics)
                 for name, options in _measures(settings.measures, regs).items():
                     measure = regs.measures.get(name)
                     measured = measure.measure(subject, parse_options(measure.options, options, where=f"measures.{name}"), ctx)
                     # a task that times its own generation (prefill_ms, decode_tok_s) keeps its numbers
-                    metrics.update({k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics})  # and its spread
+                    mine = {k: v for k, v in measured.items() if k.removesuffix("_iqr") not in task_metrics_now}  # and its spread
+                    metrics.update(mine)
+                    owners.update({k: f"the measure {name!r}" for k in mine})
                 for method in methods:
-                    metrics.update(method.measure(subject, ctx))
+                    _take(metrics, owners, method, method.measure(subject, ctx), regs, "measure")
                 synchronize(subject.device)
                 result.stage_s["measure"] = time.perf_counter() - t0
                 _guard_tokenizer(base, shared_tokenizer, f"the task {settings.task!r}, a measure or evaluate/measure of {', '.join(repr(s.method) for s in plan)}")
@@ -120,8 +124,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.pruned_at = stop.step
             result.metrics = spent_so_far(stop.subject, ctx)
             result.history = curve_history(stop.subject) if stop.subject is not None else {}
-        except Exception as exc:  # a broken trial must not take the study down
-            result.error = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:  # noqa: BLE001 - a broken trial must not take the study down, KeyboardInterrupt from a plugin included
+            result.error = readable_reason(exc)
             result.traceback = traceback.format_exc()
         result.artifacts = _collect(ctx.artifacts)
     energy_j = meter.end("trial")
@@ -171,11 +175,25 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
         stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0
         if meter is not None:
             meter.end(f"transform:{stage.stage}")
-        if method.cost_is == "simulated" and method.name not in subject.simulated_by:
+        cost = method.cost_of(dict(stage.params), subject)  # per trial: a saving may be real in one setting, simulated in another
+        if cost not in ("real", "simulated"):
+            raise TypeError(f"method {stage.method!r}: cost_of() must return 'real' or 'simulated', got {cost!r}")
+        if cost == "simulated" and method.name not in subject.simulated_by:
             subject.simulated_by.append(method.name)
         if ctx.pruned_at is not None:  # the method returned early because the pruner said stop
             raise TrialPruned(ctx.pruned_at, subject)
     return subject, methods
+
+
+def _take(metrics: dict[str, Any], owners: dict[str, str], method: Any, reported: Any, regs: Any, phase: str) -> None:
+    """Add what a method's evaluate/measure returned, once ``check_method_metrics`` agreed it is the method's to report."""
+    from paretolab.study.metric_owners import check_method_metrics
+
+    reported = dict(reported or {})
+    check_method_metrics(method, reported, owners, owner=regs.methods.owner(method.name) if method.name in regs.methods else "?",
+                         phase=phase)
+    metrics.update(reported)
+    owners.update({k: f"method {method.name!r}" for k in reported})
 
 
 def spent_so_far(subject: Subject | None, ctx: TrialContext) -> dict[str, float]:
