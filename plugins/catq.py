@@ -331,7 +331,9 @@ class AbsmeanTernary(Method):
     """BitNet-style absmean ternarization per group of 128, no calibration (the CAT-Q baseline)."""
 
     name = "absmean_ternary"
+    metrics = ("bits_per_weight",)  # its evaluate is CAT-Q's
     kind = "weights"
+    works_on = ("linear",)
     paper = BITNET
     cost_is = "simulated"
 

@@ -84,3 +84,10 @@ def test_the_contract_suite_refuses_a_declared_platform_metric(tiny, ctx):
         MethodContract().test_reported_metrics_are_registered_and_finite(make(metrics=("size_bytes",), measured={"size_bytes": 1.0}), tiny, {}, ctx)
     with pytest.raises(AssertionError, match="metric 'ppl', which the task 'perplexity'"):
         MethodContract().test_reported_metrics_are_registered_and_finite(make(metrics=("ppl",), evaluated={"ppl": 1.0}), tiny, {}, ctx)
+
+
+def test_a_built_in_method_reports_only_what_it_declares(tiny):
+    """absmean_ternary borrowed CAT-Q's evaluate without declaring its metric: found by the ownership rule."""
+    result = run_trial(tiny, [StagePlan("stage0", "absmean_ternary", {"group_size": 64})], SETTINGS, number=0)
+    assert not result.failed, result.error
+    assert result.metrics["bits_per_weight"] > 1.5
