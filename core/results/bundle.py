@@ -81,21 +81,14 @@ class StudyRecord:
 
 
 def check_output(out: Path) -> Path:
-    """``out`` ends in .jsonl.gz, its folder exists (or can be made) and is writable; the path, made absolute."""
-    out = Path(out).expanduser()
-    if out.is_dir():
+    """``out`` ends in .jsonl.gz and can be written (paretolab.data.outputs' check, as every output path); made absolute."""
+    from paretolab.data.outputs import check_file_output
+
+    if Path(out).expanduser().is_dir():
         raise ConfigError(f"--out {out}: is a folder; name a file in it ending in {SUFFIX}")
-    if not out.name.endswith(SUFFIX):
-        raise ConfigError(f"--out {out}: a bundle's name ends in {SUFFIX} (e.g. {out.name.split('.')[0] or 'study'}{SUFFIX})")
-    folder = out.parent
-    for parent in [folder, *folder.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"--out {out}: {parent} is a file, not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ConfigError(f"--out {out}: cannot write in {parent}; choose a folder you can write")
-            break
-    return out.resolve()
+    if not Path(out).name.endswith(SUFFIX):
+        raise ConfigError(f"--out {out}: a bundle's name ends in {SUFFIX} (e.g. {Path(out).name.split('.')[0] or 'study'}{SUFFIX})")
+    return check_file_output(out, "--out")
 
 
 def write_bundle(records: list[StudyRecord], out: Path) -> None:

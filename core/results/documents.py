@@ -34,7 +34,7 @@ class Document:
 
 def read_manifest(root: Path) -> list[Document]:
     """The documents ``root/results/documents.yaml`` lists; a field out of place is one line naming it."""
-    from paretolab.study.yaml_read import read_yaml
+    from paretolab.data.yaml_read import read_yaml
 
     path = root / MANIFEST
     if not path.is_file():
@@ -81,7 +81,7 @@ class Figure:
 
 
 def read_figures(root: Path) -> list[Figure]:
-    from paretolab.study.yaml_read import read_yaml
+    from paretolab.data.yaml_read import read_yaml
 
     path = root / MANIFEST
     data = read_yaml(path.read_text(encoding="utf-8"), str(path)) if path.is_file() else {}
@@ -116,7 +116,7 @@ def study_state(root: Path, study: str) -> tuple[str, str]:
     """("current" | "missing" | "stale", why) for a study's committed bundle against today's pipelines/STUDY.yaml."""
     from paretolab.results.bundle import read_bundle
     from paretolab.study.spec import pipeline_hash
-    from paretolab.study.yaml_read import read_yaml
+    from paretolab.data.yaml_read import read_yaml
 
     bundle = bundle_path(root, study)
     if not bundle.is_file():
@@ -161,7 +161,7 @@ def expected_minutes(root: Path, study: str) -> float | None:
 
 def worst_case_minutes(root: Path, study: str) -> float | None:
     """The pipeline's own bound: search.trials × search.trial_timeout_s, in minutes (None when either is missing)."""
-    from paretolab.study.yaml_read import read_yaml
+    from paretolab.data.yaml_read import read_yaml
 
     path = root / "pipelines" / f"{study}.yaml"
     try:
