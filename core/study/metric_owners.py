@@ -14,6 +14,11 @@ from typing import Any
 from paretolab.errors import PluginError
 from paretolab.plugin_api.metrics import TRIAL_METRICS
 
+# The quality numbers a task owns: a method that declares one of them still may not replace the task's value.
+TASK_QUALITY: frozenset[str] = frozenset(f"{m}{suffix}" for m in ("ppl", "nll", "acc", "acc_norm", "exact_acc", "bpb", "val_loss", "val_bpb",
+                                                                  "rmse", "log_loss", "sq_err")
+                                         for suffix in ("", "_stderr", "_ci_low", "_ci_high"))
+
 # The platform's own costs: measured the same way for every method, never a method's to report.
 PLATFORM_METRICS: frozenset[str] = frozenset({"size_bytes", "param_count", "nonzero_params", "energy_j", "peak_gpu_mb", *TRIAL_METRICS})
 
@@ -35,6 +40,8 @@ def check_method_metrics(method: Any, reported: Mapping[str, Any], owners: Mappi
                               "a method may not replace it: report a metric of its own instead")
         if owners.get(name) == f"method {method.name!r}":
             continue  # the same method in two stages: its second report replaces its first
+        if name in owners and owners[name].startswith("the task") and name not in TASK_QUALITY:
+            continue  # a number the task read off this method's own generator (mean_accepted_len): the method's to refine
         if name in owners:
             who = owners[name]
             raise PluginError(f"{where} reported metric {name!r}, which {who} already reported in this trial; "
