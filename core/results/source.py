@@ -33,7 +33,28 @@ def trained_base_record(model: str) -> tuple[str, Any] | None:
     return (model, record) if isinstance(record, dict) else None
 
 
-class StoreSource:
+class _Readers:
+    """What every source derives from its ``artifact`` and ``history``: per-example scores and learning curves."""
+
+    _fetch: Fetch | None = None
+
+    def artifact(self, run_id: str, name: str) -> bytes | None:
+        raise NotImplementedError
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        raise NotImplementedError
+
+    def per_example(self) -> Fetch:
+        """run id -> its per-example scores; one cache for every reader of this source."""
+        if self._fetch is None:
+            self._fetch = _per_example(self)
+        return self._fetch
+
+    def curves(self) -> Callable[[str], Any]:
+        return _curves(self)
+
+
+class StoreSource(_Readers):
     """The stores a study ran with (read only: a missing store is an error, never created)."""
 
     def trained_base(self, model: str) -> tuple[str, Any] | None:
@@ -42,7 +63,6 @@ class StoreSource:
     def __init__(self, stores: Stores) -> None:
         self.stores = stores
         self._client: Any = None
-        self._fetch: Fetch | None = None
 
     def study(self, name: str) -> Any:
         import optuna
@@ -101,17 +121,8 @@ class StoreSource:
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client().get_metric_history(run_id, key)]
 
-    def per_example(self) -> Fetch:
-        """run id -> its per-example scores; one cache for every reader of this source."""
-        if self._fetch is None:
-            self._fetch = _per_example(self)
-        return self._fetch
 
-    def curves(self) -> Callable[[str], Any]:
-        return _curves(self)
-
-
-class BundleSource:
+class BundleSource(_Readers):
     """Studies read from bundle files (see :mod:`paretolab.results.bundle`), nothing else opened."""
 
     def __init__(self, paths: Iterable[str | Path]) -> None:
@@ -126,7 +137,6 @@ class BundleSource:
                 self.records[record.name] = record
         self.runs = {run.run_id: run for record in self.records.values() for run in record.runs().values()}
         self._studies: dict[str, Any] = {}
-        self._fetch: Fetch | None = None
 
     def names(self) -> list[str]:
         return list(self.records)
@@ -165,15 +175,6 @@ class BundleSource:
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         run = self.runs.get(run_id)
         return [(int(step), float(value)) for step, value in (run.history.get(key, []) if run is not None else [])]
-
-    def per_example(self) -> Fetch:
-        """run id -> its per-example scores; one cache for every reader of this source."""
-        if self._fetch is None:
-            self._fetch = _per_example(self)
-        return self._fetch
-
-    def curves(self) -> Callable[[str], Any]:
-        return _curves(self)
 
 
 Source = Union[StoreSource, BundleSource]
