@@ -25,7 +25,8 @@ def exported(constrained_home, tmp_path_factory):
     """(the original stores, the bundle of both studies)."""
     stores = resolve_stores(home=str(constrained_home), create=False)
     out = tmp_path_factory.mktemp("bundle") / "both.jsonl.gz"
-    assert export_bundle(STUDIES, stores, out) == {"constrained": 6, "pruned": 5} or out.is_file()
+    written = export_bundle(STUDIES, stores, out)
+    assert set(written) == set(STUDIES) and all(n > 0 for n in written.values())
     return stores, out
 
 
@@ -39,7 +40,7 @@ def test_export_import_report_is_byte_identical_to_the_original(exported, tmp_pa
     fresh = resolve_stores(home=str(tmp_path / "fresh"))
     assert import_bundle(out, fresh) == {name: len(read_bundle(out)[i].trials) for i, name in enumerate(STUDIES)}
     original = _report(stores)
-    assert "Verdict" in original or "verdict" in original.lower() or "| method" in original
+    assert "| method" in original
     assert _report(fresh) == original  # trials, runs, per-example scores, curves, feasibility, pruning: all came across
     assert _report(BundleSource([out])) == original  # and read straight from the bundle, no store at all
     assert frontier_rows("constrained", BundleSource([out])) == frontier_rows("constrained", stores)
@@ -55,7 +56,7 @@ def test_the_same_study_gives_the_same_bytes(exported, tmp_path):
 def test_the_bundle_keeps_curves_pruned_marks_and_feasibility(exported):
     _, out = exported
     constrained, pruned = read_bundle(out)
-    assert {t["state"] for t in pruned.trials} == {"COMPLETE", "PRUNED"} or "PRUNED" in {t["state"] for t in pruned.trials}
+    assert {t["state"] for t in pruned.trials} == {"COMPLETE", "PRUNED"}
     assert any(t["run"].history.get("curve.val_loss") for t in pruned.trials)
     assert any("learning_curve.json" in t["run"].artifacts for t in pruned.trials)
     assert {t["user_attrs"].get("feasible") for t in constrained.trials} == {True, False}
