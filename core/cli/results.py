@@ -154,6 +154,8 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
         state, why = study_state(root, study)
         if state == "stale":
             _forget(root, stores, study, why)
+        if study in doc.timed and not args.busy_ok:
+            wait_for_quiet(study, args.max_load, args.wait_min)
         start = time.monotonic()
         print(f"run {study} ({'timed' if study in doc.timed else 'untimed'})", flush=True)
         code = _call([str(bin_dir / "paretolab"), "run", str(root / "pipelines" / f"{study}.yaml"), "--resume", "--home", str(home),
@@ -164,6 +166,25 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
         written = export_bundle([study], stores, out)
         print(f"wrote {out.relative_to(root)} ({written[study]} trials, {(time.monotonic() - start) / 60:.1f} min); commit it", flush=True)
     return 0
+
+
+def wait_for_quiet(study: str, max_load: float, wait_min: float, poll_s: float = 15.0) -> None:
+    """A timed study starts alone: wait while the 1-min load average exceeds ``max_load``; a ConfigError after ``wait_min``."""
+    from paretolab.errors import ConfigError
+    from paretolab.measure.timing import machine_load
+
+    deadline = time.monotonic() + wait_min * 60
+    load = machine_load()
+    if load > max_load:
+        print(f"{study} times something: waiting up to {wait_min:g} min for the machine to quiet down "
+              f"(1-min load average {load:.1f} > --max-load {max_load:g})", flush=True)
+    while load > max_load:
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"{study}: the machine stayed busy for {wait_min:g} min (1-min load average {load:.1f} > --max-load "
+                              f"{max_load:g}); stop the other work, raise --wait-min, or pass --busy-ok to time it anyway "
+                              "(its document then prints the load)")
+        time.sleep(poll_s)
+        load = machine_load()
 
 
 def _forget(root: Path, stores: object, study: str, why: str) -> None:

@@ -59,6 +59,17 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine() or "unknown"
 
 
+def machine_load() -> float:
+    """The machine's 1-minute load average (``info.load_1m``: the larger of the trial's start and end), 0 where unknown.
+
+    A timed trial beside other work measures the contention as much as the method: the documents print it.
+    """
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` torch intra-op threads (``n`` < 1 leaves the setting alone)."""

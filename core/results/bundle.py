@@ -145,12 +145,14 @@ def run_provenance(dates: list[str], runs: list[Any], model: Any) -> dict[str, A
     """The provenance of trials from their dates (ISO) and MLflow runs (``.data.tags`` / ``.data.params``): stores or bundles."""
     params = [r.data.params for r in runs]
     machines = sorted({" · ".join(f"{k} {p[f'info.{k}']}" for k in ("cpu", "cores", "gpu") if f"info.{k}" in p) for p in params} - {""})
+    loads = sorted(float(p["info.load_1m"]) for p in params if p.get("info.load_1m"))
     dates = sorted(dates)
     return {
         "trials_from": dates[0] if dates else None,
         "trials_to": dates[-1] if dates else None,
         "code_versions": sorted({r.data.tags["paretolab.code_version"] for r in runs if r.data.tags.get("paretolab.code_version")}),
         "machines": machines,
+        "load_1m": {"median": loads[len(loads) // 2], "max": loads[-1], "trials": len(loads)} if loads else None,
         "model": model,
         "model_checksums": sorted({p[k] for p in params for k in p if k.startswith("info.") and k.endswith("sha256")}),
         "weights": sorted({p["info.weights"] for p in params if p.get("info.weights")}),

@@ -246,9 +246,22 @@ def provenance_lines(provenance: list[tuple[str, dict[str, Any]]]) -> list[str]:
         f"- Code that ran them: paretolab {', '.join(codes)}." if codes else "- Code that ran them: not recorded.",
         f"- Code that judged them: the results code {judging_code()} (a hash of paretolab's results, stats and claim syntax).",
         f"- Machines: {'; '.join(machines)}." if machines else "- Machines: not recorded by these trials.",
+        *_load_line(provenance),
         "",
     ]
     return lines
+
+
+def _load_line(provenance: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The machine's 1-minute load average while each study's trials ran (recorded since trials carry ``info.load_1m``).
+
+    A timed study is meant to run alone (load ≲ 1 on two cores); a higher figure says its timings include contention.
+    """
+    loads = [(name, p["load_1m"]) for name, p in provenance if p.get("load_1m")]
+    if not loads:
+        return []
+    parts = [f"{name} median {load['median']:.1f}, max {load['max']:.1f}" for name, load in loads]
+    return [f"- Machine load (1-min average while its trials ran): {'; '.join(parts)}."]
 
 
 def _day(iso: str) -> str:

@@ -132,7 +132,9 @@ def _ran(name: str, source: Source, study: optuna.Study) -> list[str]:
         return []
     code = ", ".join(prov["code_versions"]) or "a paretolab that did not record its version"
     machine = "; ".join(prov["machines"]) or "a machine the trials did not record"
-    return [f"Ran {prov['trials_from'][:16].replace('T', ' ')} – {prov['trials_to'][:16].replace('T', ' ')} UTC with paretolab {code} on {machine}.", ""]
+    load = prov["load_1m"]
+    busy = f" (1-min load average median {load['median']:.1f}, max {load['max']:.1f})" if load else ""
+    return [f"Ran {prov['trials_from'][:16].replace('T', ' ')} – {prov['trials_to'][:16].replace('T', ' ')} UTC with paretolab {code} on {machine}{busy}.", ""]
 
 
 def _papers_claim(pipeline: dict[str, Any]) -> list[str]:

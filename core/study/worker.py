@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from paretolab.errors import ConfigError
+from paretolab.measure.timing import machine_load
 from paretolab.records import StagePlan, TrialResult, TrialSettings
 from paretolab.study.trial import run_trial
 
@@ -45,9 +46,11 @@ class TrialWorker:
             def report(step: int, values: dict[str, float]) -> bool:
                 return bool(ray.get(board.report.remote(number, step, values)))
 
+        load_before = machine_load()
         result = run_trial(self.base, plan, self.settings, number, roles=self.roles, report=report)
         result.worker = self.name
         result.info.update(self.placement)
+        result.info["load_1m"] = f"{max(load_before, machine_load()):.2f}"  # the larger end: contention any time in between
         return result
 
 

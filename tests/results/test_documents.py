@@ -84,6 +84,36 @@ def test_status_tells_current_missing_and_stale_and_run_says_what_it_would_do(ch
     assert "leaving 1 timed study for an idle machine: constrained" in untimed and "nothing to run" in untimed
 
 
+def test_the_provenance_says_the_machine_load_its_trials_ran_under():
+    from types import SimpleNamespace
+
+    from paretolab.results.bundle import run_provenance
+    from paretolab.results.documents import provenance_lines
+
+    runs = [SimpleNamespace(data=SimpleNamespace(tags={}, params={"info.load_1m": load})) for load in ("0.40", "7.25", "0.90")]
+    prov = run_provenance([], runs, "m")
+    assert prov["load_1m"] == {"median": 0.9, "max": 7.25, "trials": 3}
+    assert "- Machine load (1-min average while its trials ran): macko median 0.9, max 7.2." in provenance_lines([("macko", prov)])
+    assert run_provenance([], runs[:0], "m")["load_1m"] is None  # trials from before it was recorded: no line
+    assert not any("Machine load" in line for line in provenance_lines([("old", run_provenance([], [], "m"))]))
+
+
+def test_a_timed_study_waits_for_a_quiet_machine_and_says_why_it_gave_up(monkeypatch, capsys):
+    from paretolab.cli import results as cli_results
+
+    loads = iter([3.5, 2.0, 0.4])
+    monkeypatch.setattr("paretolab.measure.timing.machine_load", lambda: next(loads))
+    cli_results.wait_for_quiet("macko", max_load=1.0, wait_min=1.0, poll_s=0.0)  # busy, busy, quiet: starts
+    assert "macko times something: waiting up to 1 min for the machine to quiet down (1-min load average 3.5 > --max-load 1)" in capsys.readouterr().out
+    monkeypatch.setattr("paretolab.measure.timing.machine_load", lambda: 5.0)
+    with pytest.raises(ConfigError, match=r"macko: the machine stayed busy for 0 min \(1-min load average 5.0 > --max-load 1\).*--busy-ok"):
+        cli_results.wait_for_quiet("macko", max_load=1.0, wait_min=0.0, poll_s=0.0)
+    capsys.readouterr()
+    monkeypatch.setattr("paretolab.measure.timing.machine_load", lambda: 0.2)
+    cli_results.wait_for_quiet("macko", max_load=1.0, wait_min=0.0)  # quiet already: no wait, no message
+    assert capsys.readouterr().out == ""
+
+
 def test_an_unknown_family_or_a_bad_manifest_is_one_line(checkout):
     with pytest.raises(ConfigError, match="no results document 'nope'; families: one, old"):
         documents_for(read_manifest(checkout), ["nope"])

@@ -22,3 +22,15 @@ def test_the_machine_a_trial_ran_on_is_named():
     info = machine(torch.device("cpu"))
     assert info["cpu"] and info["cpu"] != "unknown"
     assert int(info["cores"]) >= 1 and info["gpu"] == "none"
+
+
+def test_a_trial_records_the_machine_load_it_ran_under(tiny, monkeypatch):
+    """A timed trial beside other work times the contention too: each trial says the 1-min load average (the larger end)."""
+    from paretolab.study import worker
+
+    loads = iter([0.5, 3.25])
+    monkeypatch.setattr(worker, "machine_load", lambda: next(loads))
+    trial_worker = worker.TrialWorker.__new__(worker.TrialWorker)
+    trial_worker.base, trial_worker.settings, trial_worker.roles, trial_worker.name, trial_worker.placement = tiny, SETTINGS, {}, "w", {}
+    result = trial_worker.run([StagePlan("stage0", "magnitude", {"sparsity": 0.5})], 0)
+    assert result.info["load_1m"] == "3.25"
