@@ -58,7 +58,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         *_frontiers(pipeline, feasible),
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
         + ", ".join(f"{m} ({d})" for m, d in objectives)
-        + f"; {len(rows)} complete trial(s), {failed} failed" + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
+        + f"; {len(rows)} complete trial(s), {failed} failed" + _why_failed(study) + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
         "",
         *_ran(name, stores, study),
         *_provenance(rows),
@@ -135,6 +135,14 @@ def _ran(name: str, source: Source, study: optuna.Study) -> list[str]:
     load = prov["load_1m"]
     busy = f" (1-min load average median {load['median']:.1f}, max {load['max']:.1f})" if load else ""
     return [f"Ran {prov['trials_from'][:16].replace('T', ' ')} – {prov['trials_to'][:16].replace('T', ' ')} UTC with paretolab {code} on {machine}{busy}.", ""]
+
+
+def _why_failed(study: optuna.Study) -> str:
+    """The failed trials' reasons as the driver recorded them, e.g. `` (1 interrupted: Ctrl-C ...)``; empty when none failed."""
+    from paretolab.results.read import failure_reasons
+
+    reasons = failure_reasons(study.get_trials(deepcopy=False))
+    return f" ({'; '.join(f'{count}× {reason}' for reason, count in reasons)})" if reasons else ""
 
 
 def _papers_claim(pipeline: dict[str, Any]) -> list[str]:

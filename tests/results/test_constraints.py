@@ -94,3 +94,12 @@ def test_pruned_trials_are_counted_and_never_complete(stores, constrained_home, 
     header = listing[0].split()
     assert header[:6] == ["study", "status", "complete", "failed", "pruned", "running"]
     assert next(line for line in listing if line.startswith("pruned")).split()[:6] == ["pruned", "finished", "4", "0", "1", "0"]
+
+
+def test_a_study_section_says_why_its_trials_failed(stores, tmp_path):
+    """`N failed` alone leaves a reader guessing whether a setting broke or the run was stopped: the reasons are given."""
+    from tests.dashboard.conftest import build_stores
+
+    text = section.study_section("demo", build_stores(tmp_path), [])  # two trials failed on a nan objective
+    assert "2 failed (1× objective metric 'ppl' is nan (trial " in text and "; 1× objective metric 'ppl' is nan (trial " in text
+    assert "4 complete trial(s), 0 failed, 1 pruned" in section.study_section("pruned", stores, [])  # none failed: no reasons
