@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.data import load_corpus
-from paretolab.measure.timing import cpu_name
+from paretolab.measure.timing import cpu_name, settle_allocator
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PROSE = ("wikitext2", "pydoc")
@@ -124,15 +124,14 @@ CLOCK = "cpu"  # --clock: "cpu" (the calling thread's CPU time) or "wall"
 def timed(fn: Callable[[], Any]) -> float:
     """Seconds ``fn`` takes: the calling thread's CPU time by default, wall time with ``--clock wall``.
 
-    The thread's CPU time, because on a shared machine whose CPUs are oversubscribed (this one's
-    CPU pressure read 99 %) a 20 kB encode's wall time is mostly the run queue's wait (20-50x its
-    CPU time, at random), and because something in this process (after HF and tiktoken have run)
-    keeps another thread busy: the process's CPU time then grew by ~8 ms in every timed call, whoever
-    was timed. All three tokenizers encode on the calling thread. The garbage collector is off while ``fn`` runs: a
-    collection over the million objects torch and transformers leave would otherwise land inside
-    some timings and not others.
+    The thread's CPU time, because on a shared machine whose CPUs are oversubscribed a 20 kB
+    encode's wall time is mostly the run queue's wait (20-50x its CPU time, at random). All three
+    tokenizers encode on the calling thread. Before the clock starts the allocator is settled
+    (``settle_allocator``); while ``fn`` runs the garbage collector is off: a collection over the
+    million objects torch and transformers leave would otherwise land inside some timings and not others.
     """
     clock = time.thread_time if CLOCK == "cpu" else time.perf_counter
+    settle_allocator()
     gc.disable()
     try:
         start = clock()

@@ -70,6 +70,25 @@ def machine_load() -> float:
         return 0.0
 
 
+def settle_allocator() -> None:
+    """Let glibc finish sorting what earlier code freed (a dropped tokenizer, say) before a clock starts.
+
+    Dropping a tokenizer (HF's or tiktoken's vocabulary maps, an encode's strings) frees hundreds of
+    thousands of chunks; glibc sorts them on later allocations, at most 10,000 per ``malloc`` call,
+    so the next few mid-size allocations each cost ~2.5 ms of CPU, whoever makes them: that was the
+    fixed 5-10 ms on every first-seen call (ours, HF's and tiktoken's) that made 20 kB look 10x
+    dearer per byte than 2 MB (measured with _fast.c's IBPE_PROFILE phase timers: the ids buffer
+    and the result list's allocations). Allocations of varied sizes until three in a row are quick.
+    """
+    quick = 0
+    for k in range(5000):
+        start = time.perf_counter()
+        bytearray(40_000 + (k * 7919) % 60_000)
+        quick = quick + 1 if time.perf_counter() - start < 30e-6 else 0
+        if quick == 3:
+            return
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` torch intra-op threads (``n`` < 1 leaves the setting alone)."""

@@ -11,7 +11,19 @@
  * cache misses, so the layout is for them: the automaton is a double array (a transition reads
  * the child's own record; the root and depth-1 states have resolved 256-wide rows), each state
  * carries its first candidate inline and the rest sit in one contiguous run, and results are
- * lists of shared int objects (no allocation per token). The hash map only builds the trie.
+ * lists of int objects shared by every engine of the process (no allocation per token, none per
+ * engine). The hash map only builds the trie.
+ *
+ * Per call, encode_text finds pre-tokens a few words ahead and prefetches their word-cache slots;
+ * a one-byte word is its byte's token (no cache); a cached word costs one 64-byte line, compared
+ * as three 8-byte words; on text whose words never repeat the cache switches itself off for a
+ * while (WINDOW). The ids go to a buffer the engine keeps (no malloc per call: the first call of
+ * a fresh engine otherwise paid for sorting whatever another library had just freed).
+ *
+ * Profiling builds (not used by the package): -DIBPE_PROFILE adds _fast.phases(), the thread CPU
+ * time of encode_text's phases (utf-8, reserve, words, list, free) since the last call;
+ * -DIBPE_CALLGRIND brackets encode_text with callgrind's start/stop, for
+ * `valgrind --tool=callgrind --instr-atstart=no --cache-sim=yes --branch-sim=yes`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -138,7 +150,7 @@ typedef struct {
     int32_t n_tokens, n_nodes;
     int32_t *length;     /* by token id (automaton build) */
     int32_t *node_token; /* by node */
-    PyObject **ints;     /* by token id: the int object returned for it */
+    PyObject **ints;     /* by token id: the int object returned for it (shared_ints, not owned) */
     int32_t *node_len;   /* by node: bytes of its token */
     int32_t byte_token[256];
     int32_t n_slots, root_base;
@@ -148,23 +160,39 @@ typedef struct {
     uint8_t *classes;       /* 0x110000 entries */
     Py_ssize_t n_cands;
     IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
+    IntBuf ids;             /* scratch for encode_text: the ids before they become a list (kept: no malloc per call) */
     int64_t *node_out;      /* by node: token id | length << 32 (one load per emitted token) */
     int all_bytes;          /* every byte is a token: a long word's bytes are walked as they are */
     uint8_t *kept;          /* scratch: a long word's bytes without those the vocabulary lacks */
     Py_ssize_t kept_cap;
-    struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat) */
+    struct CacheEntry *cache; /* direct-mapped cache of short words (most words repeat), 64-byte aligned in cache_mem */
+    void *cache_mem;
+    uint32_t cache_mask;
+    uint32_t window_words, window_hits; /* lookups and hits since the window began */
+    int32_t bypass_left;                /* words still to encode without the cache */
     Py_buffer backing;      /* Engine.load: the tables above point into this buffer (a memory-mapped file) */
     int backed;
 } Engine;
 
+/* One entry is one 64-byte cache line (aligned), so a lookup costs at most one miss. Its first 24
+ * bytes are the key: the word's length, its bytes, zeros, and then (the key's last byte, masked
+ * out of the comparison) how many ids follow: a lookup compares three 8-byte words. */
+#ifndef CACHE_SLOTS
 #define CACHE_SLOTS (1 << 16)
-#define CACHE_WORD 30
-#define CACHE_IDS 15
+#endif
+#define CACHE_WORD 22
+#define CACHE_IDS 10
 typedef struct CacheEntry {
-    uint8_t len, n_ids; /* len == 0: empty slot */
-    uint8_t bytes[CACHE_WORD];
+    union {
+        struct {
+            uint8_t len; /* 0: empty slot */
+            uint8_t bytes[CACHE_WORD];
+            uint8_t n_ids;
+        };
+        uint64_t key[3];
+    };
     int32_t ids[CACHE_IDS];
-} CacheEntry;
+} __attribute__((aligned(64))) CacheEntry;
 
 static inline uint32_t word_hash(const uint8_t *w, Py_ssize_t n) {
     uint32_t h = 2166136261u;
@@ -300,13 +328,53 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
     return emit_tokens(e, last, n, out);
 }
 
+#define WORD_AHEAD 3
+/* Words that never repeat (base64, hex, random letters) only miss the cache and evict: when fewer
+ * than 1 in 8 of a window's lookups hit, the next 8 windows' words skip it, then it is tried again. */
+#define WINDOW 1024
+#define KEY_MASK 0x00FFFFFFFFFFFFFFULL /* the key's last 8-byte word without n_ids */
+
+/* the word's cache key (length, bytes, zeros) and its hash, in one pass over its bytes */
+static inline uint32_t word_key(const uint8_t *w, Py_ssize_t n, uint64_t key[3]) {
+    union { uint64_t q[3]; uint8_t b[24]; } k = {{0, 0, 0}};
+    uint32_t h = 2166136261u;
+    k.b[0] = (uint8_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        k.b[1 + i] = w[i];
+        h = (h ^ w[i]) * 16777619u;
+    }
+    key[0] = k.q[0], key[1] = k.q[1], key[2] = k.q[2];
+    return h;
+}
+
+static inline void word_prefetch(const Engine *e, const uint8_t *w, Py_ssize_t n) {
+    if (n > 1 && n <= CACHE_WORD && e->cache && e->bypass_left <= 0) __builtin_prefetch(&e->cache[word_hash(w, n) & e->cache_mask]);
+}
+
+/* BPE of one pre-token, appended to out (which has room for n more ids: a word of n bytes has at most n tokens) */
 static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if (n == 1) { /* one byte is its own token (or dropped, as HF drops a byte the vocabulary lacks) */
+        int32_t t = e->byte_token[w[0]];
+        if (t >= 0) out->data[out->len++] = t;
+        return 0;
+    }
     if (n >= LONG_WORD) return bpe_long_word(e, w, n, out);
     if (n == 0 || n > CACHE_WORD || !e->cache) return bpe_word_uncached(e, w, n, out);
-    CacheEntry *c = &e->cache[word_hash(w, n) & (CACHE_SLOTS - 1)];
-    if (c->len == n && memcmp(c->bytes, w, n) == 0) {
-        if (buf_reserve(out, out->len + c->n_ids) < 0) return -1;
-        memcpy(out->data + out->len, c->ids, c->n_ids * sizeof(int32_t));
+    if (e->bypass_left > 0) {
+        e->bypass_left--;
+        return bpe_word_uncached(e, w, n, out);
+    }
+    uint64_t key[3];
+    CacheEntry *c = &e->cache[word_key(w, n, key) & e->cache_mask];
+    int hit = c->key[0] == key[0] && c->key[1] == key[1] && ((c->key[2] ^ key[2]) & KEY_MASK) == 0;
+    e->window_hits += hit;
+    if (++e->window_words == WINDOW) {
+        if (e->window_hits * 8 < WINDOW) e->bypass_left = 8 * WINDOW;
+        e->window_words = e->window_hits = 0;
+    }
+    if (hit) {
+        int32_t *dst = out->data + out->len;
+        for (int k = 0; k < c->n_ids; k++) dst[k] = c->ids[k];
         out->len += c->n_ids;
         return 0;
     }
@@ -314,10 +382,9 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (bpe_word_uncached(e, w, n, out) < 0) return -1;
     Py_ssize_t made = out->len - before;
     if (made <= CACHE_IDS) {
-        c->len = (uint8_t)n;
+        c->key[0] = key[0], c->key[1] = key[1], c->key[2] = key[2];
         c->n_ids = (uint8_t)made;
-        memcpy(c->bytes, w, n);
-        memcpy(c->ids, out->data + before, made * sizeof(int32_t));
+        for (Py_ssize_t k = 0; k < made; k++) c->ids[k] = out->data[before + k];
     }
     return 0;
 }
@@ -375,24 +442,73 @@ static Py_ssize_t pretoken_end(const Engine *e, const uint8_t *s, Py_ssize_t i, 
     return count >= 2 ? last_start : j;
 }
 
+#ifdef IBPE_PROFILE
+#include <time.h>
+static double phase_ns[5];
+static inline double now_ns(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+#define PHASE(k) do { double t_ = now_ns(); phase_ns[k] += t_ - t_prev; t_prev = t_; } while (0)
+static PyObject *fast_phases(PyObject *m, PyObject *a) {
+    PyObject *r = Py_BuildValue("(ddddd)", phase_ns[0], phase_ns[1], phase_ns[2], phase_ns[3], phase_ns[4]);
+    memset(phase_ns, 0, sizeof(phase_ns));
+    return r;
+}
+#else
+#define PHASE(k) do { } while (0)
+#endif
+
+#ifdef IBPE_CALLGRIND
+#include <valgrind/callgrind.h>
+#endif
+static PyObject *encode_text(Engine *e, PyObject *arg);
 static PyObject *Engine_encode_text(Engine *e, PyObject *arg) {
+#ifdef IBPE_CALLGRIND
+    CALLGRIND_START_INSTRUMENTATION;
+    PyObject *r = encode_text(e, arg);
+    CALLGRIND_STOP_INSTRUMENTATION;
+    return r;
+#else
+    return encode_text(e, arg);
+#endif
+}
+
+static PyObject *encode_text(Engine *e, PyObject *arg) {
+#ifdef IBPE_PROFILE
+    double t_prev = now_ns();
+#endif
     Py_ssize_t n;
     const char *text = PyUnicode_AsUTF8AndSize(arg, &n);
     if (!text) return NULL;
+    PHASE(0);
     const uint8_t *s = (const uint8_t *)text;
-    IntBuf out = {0};
-    if (buf_reserve(&out, n / 3 + 16) < 0) return NULL;
+    IntBuf *out = &e->ids;
+    out->len = 0;
+    if (buf_reserve(out, n + 16) < 0) return NULL; /* at most one id a byte: no check per word */
+    PHASE(1);
+    /* pre-tokens are found WORD_AHEAD words ahead of the one being encoded, and their word-cache
+     * slots prefetched: a slot is a miss on text whose words do not repeat */
+    Py_ssize_t bound[WORD_AHEAD + 1];
+    int have = 0;
+    Py_ssize_t at = 0; /* where the next pre-token to find starts */
+    while (have <= WORD_AHEAD && at < n) {
+        Py_ssize_t end = pretoken_end(e, s, at, n);
+        word_prefetch(e, s + at, end - at);
+        bound[have++] = at = end;
+    }
     Py_ssize_t i = 0;
-    while (i < n) {
-        Py_ssize_t end = pretoken_end(e, s, i, n);
-        if (bpe_word(e, s + i, end - i, &out) < 0) {
-            PyMem_Free(out.data);
-            return NULL;
+    for (int k = 0; have > 0; k = (k + 1) % (WORD_AHEAD + 1), have--) {
+        Py_ssize_t end = bound[k];
+        if (at < n) {
+            Py_ssize_t next = pretoken_end(e, s, at, n);
+            word_prefetch(e, s + at, next - at);
+            bound[k] = at = next, have++;
         }
+        if (bpe_word(e, s + i, end - i, out) < 0) return NULL;
         i = end;
     }
-    PyObject *list = buf_to_list(&out, 0, e->ints);
-    PyMem_Free(out.data);
+    PHASE(2);
+    PyObject *list = buf_to_list(out, 0, e->ints);
+    PHASE(3);
+    PHASE(4);
     return list;
 }
 
@@ -400,7 +516,7 @@ static PyObject *Engine_encode_word(Engine *e, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     IntBuf out = {0};
-    int rc = bpe_word(e, view.buf, view.len, &out);
+    int rc = buf_reserve(&out, view.len + 16) < 0 ? -1 : bpe_word(e, view.buf, view.len, &out);
     PyBuffer_Release(&view);
     PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0, e->ints);
     PyMem_Free(out.data);
@@ -619,15 +735,41 @@ done:
 }
 
 /* what every engine allocates for itself, built or loaded: the int objects and an empty word cache */
-static int engine_runtime(Engine *e) {
-    e->ints = PyMem_Calloc(e->n_tokens ? e->n_tokens : 1, sizeof(PyObject *));
-    if (!e->ints) {
+/* The int objects returned for token ids, shared by every engine of the process (an id is an id,
+ * whatever the vocabulary): made once, so a new engine costs no allocation per token and its first
+ * encode finds them where the last engine left them. Grown by a new array when a vocabulary is
+ * larger; an old array stays alive for the engines that point into it. */
+static PyObject **shared_ints;
+static Py_ssize_t n_shared_ints;
+
+static PyObject **ints_upto(Py_ssize_t n) {
+    if (n <= n_shared_ints) return shared_ints;
+    PyObject **grown = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
+    if (!grown) {
         PyErr_NoMemory();
-        return -1;
+        return NULL;
     }
-    for (Py_ssize_t t = 0; t < e->n_tokens; t++)
-        if (!(e->ints[t] = PyLong_FromSsize_t(t))) return -1;
-    e->cache = PyMem_Calloc(CACHE_SLOTS, sizeof(CacheEntry));
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (t < n_shared_ints) {
+            grown[t] = shared_ints[t];
+            Py_INCREF(grown[t]);
+        } else if (!(grown[t] = PyLong_FromSsize_t(t))) {
+            while (t-- > 0) Py_DECREF(grown[t]);
+            PyMem_Free(grown);
+            return NULL;
+        }
+    }
+    shared_ints = grown, n_shared_ints = n; /* the old array is kept: engines may point into it */
+    return grown;
+}
+
+static int engine_runtime(Engine *e) {
+    if (!(e->ints = ints_upto(e->n_tokens))) return -1;
+    if (buf_reserve(&e->ids, 1 << 14) < 0) return -1;
+    e->cache_mask = CACHE_SLOTS - 1;
+    e->cache_mem = PyMem_Calloc(CACHE_SLOTS + 1, sizeof(CacheEntry));
+    e->cache = e->cache_mem ? (CacheEntry *)(((uintptr_t)e->cache_mem + 63) & ~(uintptr_t)63) : NULL;
+
     e->node_out = PyMem_Malloc((size_t)e->n_nodes * sizeof(int64_t));
     if (!e->cache || !e->node_out) {
         PyErr_NoMemory();
@@ -709,9 +851,6 @@ done:
 
 static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->length);
-    if (e->ints)
-        for (int32_t t = 0; t < e->n_tokens; t++) Py_XDECREF(e->ints[t]);
-    PyMem_Free(e->ints);
     if (e->backed) {
         PyBuffer_Release(&e->backing);
     } else {
@@ -724,9 +863,10 @@ static void Engine_dealloc(Engine *e) {
     }
     PyMem_Free(e->last.data);
     PyMem_Free(e->walk.data);
+    PyMem_Free(e->ids.data);
     PyMem_Free(e->kept);
     PyMem_Free(e->node_out);
-    PyMem_Free(e->cache);
+    PyMem_Free(e->cache_mem);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -1032,6 +1172,9 @@ fail:
 }
 
 static PyMethodDef fast_functions[] = {
+#ifdef IBPE_PROFILE
+    {"phases", (PyCFunction)fast_phases, METH_NOARGS, "Profile build: thread CPU ns per phase of encode_text since the last call."},
+#endif
     {"load", (PyCFunction)fast_load, METH_O, "An Engine over a dump's buffer (kept referenced, not copied); ValueError if damaged."},
     {NULL, NULL, 0, NULL},
 };

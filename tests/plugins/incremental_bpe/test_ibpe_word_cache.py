@@ -1,0 +1,59 @@
+"""The C engine's word cache and shared int objects: hits, bypass and engine lifetimes never change an id."""
+
+from __future__ import annotations
+
+import gc
+import random
+import string
+from collections.abc import Callable
+
+from paretolab.plugins.incremental_bpe import IncrementalBPE
+from paretolab.plugins.incremental_bpe._inputs import gen_base64, gen_hex
+
+PROSE = (
+    "The tower is 324 metres (1,063 ft) tall, about the same height as an 81-storey building. "
+    "Its base is square, measuring 125 metres on each side; during its construction the tower "
+    "surpassed the Washington Monument to become the tallest man-made structure in the world.\n"
+) * 40
+
+
+def _boundary_words() -> str:
+    """Words at the cache's limits (22 bytes, 10 ids) and one past them, words one byte apart, repeated."""
+    rng = random.Random(7)
+    words = []
+    for n in (20, 21, 22, 23, 24):
+        letters = "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
+        words += [" " + letters[: n - 1], " " + letters, letters[:-1] + "q"]
+        symbols = "".join(rng.choice("!#$%&*+-/<=>?@^|~") for _ in range(n))  # one pre-token, many ids
+        words += [" " + symbols, symbols[:-1]]
+    words += ["é" * k for k in (7, 10, 11)]  # multi-byte: 14, 20 and 22 bytes
+    return "".join(words * 3)
+
+
+def test_a_cache_hit_returns_exactly_the_ids_a_miss_computed(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    engine = tok_c.fresh()
+    text = _boundary_words() + PROSE
+    truth = hf_ids(text)
+    assert engine.encode(text) == truth  # first time: misses, then hits on the repeats within the text
+    assert engine.encode(text) == truth  # again: every short word from the cache
+
+
+def test_words_that_never_repeat_switch_the_cache_off_and_back_without_changing_an_id(
+    tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]
+) -> None:
+    engine = tok_c.fresh()
+    noise = gen_base64(120_000) + gen_hex(60_000)  # tens of thousands of words, almost none repeated
+    for text in (PROSE, noise, PROSE, noise[:5000] + PROSE, PROSE):
+        assert engine.encode(text) == hf_ids(text), text[:80]
+
+
+def test_ids_stay_correct_after_the_engines_that_made_them_are_gone(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    truth = hf_ids(PROSE)
+    kept = []
+    for _ in range(5):  # engines share one set of int objects: freeing one must not free them
+        engine = tok_c.fresh()
+        kept.append(engine.encode(PROSE))
+        del engine
+        gc.collect()
+    assert all(ids == truth for ids in kept)
+    assert tok_c.fresh().encode(PROSE) == truth
