@@ -9,6 +9,7 @@ docs/dashboard.png for the README.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -146,9 +147,13 @@ READ_PLOT = """() => {
     });
   };
   const shapes = [...gd.querySelectorAll('.shapelayer path')];
+  const pixels = name => {  // a trace's data x values as screen x (the frontier is a line: its points are the methods' markers)
+    const t = gd._fullData.find(t => t.name === name), ax = gd._fullLayout.xaxis;
+    return [...t.x].map(v => ax.l2p(ax.d2l(v)));
+  };
   return {
     xtype: gd._fullLayout.xaxis.type, ytype: gd._fullLayout.yaxis.type,
-    frontier: xs('Pareto frontier'), star: xs('unmodified model'),
+    frontier: pixels('Pareto frontier'), star: xs('unmodified model'),
     shapes: (gd._fullLayout.shapes || []).map(s => s.name), drawn: shapes.length,
     vline: gd._fullLayout.xaxis.l2p(gd._fullLayout.xaxis.d2l(gd._fullLayout.shapes[0].x0)),
     labels: [...gd.querySelectorAll('.annotation-text')].map(a => a.textContent),
@@ -180,4 +185,57 @@ def test_wide_ppl_gets_a_log_axis_with_distinct_points_and_the_unmodified_model_
     assert len(frontier) == 6 and len(set(frontier)) >= 5, f"frontier points at pixel x {frontier}"
     assert plot["shapes"] == ["unmodified model: ppl", "unmodified model: size_bytes"] and plot["drawn"] >= 2
     assert abs(plot["vline"] - plot["star"][0]) < 1.5, "the dashed line runs through the unmodified model's point"
-    assert sum(label.startswith("unmodified model") for label in plot["labels"]) == 2, plot["labels"]
+    assert sum(label.startswith("unmodified model") for label in plot["labels"]) == 1, plot["labels"]
+
+
+# Every text the plot's SVG shows (axis titles, tick labels, annotations, legend, title) with its box on the screen.
+READ_TEXTS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  return [...gd.querySelectorAll('svg text')].filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0).map(t => {
+    const r = t.getBoundingClientRect();
+    return {text: t.textContent, cls: t.getAttribute('class') || '', box: [r.left, r.top, r.right, r.bottom]};
+  });
+}"""
+
+
+def overlapping(texts: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of labels whose boxes overlap by more than a pixel each way."""
+    pairs = []
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            (l1, t1, r1, b1), (l2, t2, r2, b2) = a["box"], b["box"]
+            if min(r1, r2) - max(l1, l2) > 1 and min(b1, b2) - max(t1, t2) > 1:
+                pairs.append((a["text"], b["text"]))
+    return pairs
+
+
+def test_overlap_check_sees_two_labels_on_top_of_each_other():
+    """The check the browser test relies on: two boxes that share area overlap, neighbours do not."""
+    a = {"text": "unmodified model (ppl 20)", "box": [100, 100, 220, 112]}
+    assert overlapping([a, {"text": "unmodified model (size_bytes 4e5)", "box": [110, 104, 250, 116]}])
+    assert not overlapping([a, {"text": "next", "box": [221, 100, 260, 112]}])
+
+
+@pytest.mark.slow
+def test_frontier_axis_titles_carry_unit_and_direction_and_no_labels_overlap(dashboard, tmp_path):
+    assert Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set PARETOLAB_CHROMIUM)"
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{dashboard}/?page=Frontier&study=demo", wait_until="domcontentloaded")
+            expect(page.get_by_text("Frontier · demo")).to_be_visible(timeout=60_000)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length >= 10", timeout=60_000)
+            time.sleep(1.0)  # the chart's transition
+            titles = (page.locator(".js-plotly-plot .g-xtitle").text_content(), page.locator(".js-plotly-plot .g-ytitle").text_content())
+            texts = page.evaluate(READ_TEXTS)
+            page.screenshot(path=str(tmp_path / "frontier-labels.png"), full_page=False)
+        finally:
+            browser.close()
+    assert set(titles) == {"ppl ↓", "size [MB] ↓"}, titles
+    shown = [t["text"] for t in texts]
+    assert [t["text"] for t in texts if "annotation" in t["cls"]] == ["unmodified model"], "one label beside the star (and its legend entry)"
+    assert not any(re.search(r"\de[+-]?\d", t) for t in shown), f"no exponent notation on the plot: {shown}"
+    assert not overlapping(texts), f"labels drawn on top of each other: {overlapping(texts)}"
