@@ -51,6 +51,11 @@ class FrontierData:
         """What each axis divides its metric by to draw it in the unit its title names (bytes are drawn in MB)."""
         return axis_scale(self.x), axis_scale(self.y)
 
+    def method_points(self) -> pd.DataFrame:
+        """The feasible trials drawn as their method's markers: the unmodified model's trials are its star instead."""
+        feasible = self.points[self.points["feasible"]]
+        return feasible[feasible["methods"] != NONE_METHOD] if not self.reference.empty else feasible
+
     def styles(self) -> dict[str, tuple[str, str]]:
         """Method label -> (colour, plotly symbol): one look per method, kept on and off the frontier, on screen and in files."""
         labels = sorted(self.points["methods"].unique())
@@ -242,8 +247,7 @@ def frontier_figure(data: FrontierData, *, log_x: bool | None = None, log_y: boo
     scatter = go.Scattergl if len(data.points) > WEBGL_ABOVE else go.Scatter
     styles = data.styles()
     z_values = data.points[data.z] if data.z else None
-    feasible = data.points[data.points["feasible"]]
-    for label, group in feasible.groupby("methods", sort=True):
+    for label, group in data.method_points().groupby("methods", sort=True):
         colour, symbol = styles[label]
         simulated = group["simulated"].fillna("").to_numpy() != ""
         # measured and simulated cost as two traces with one scalar symbol each: a per-point symbol array

@@ -39,8 +39,7 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
     fig = Figure(figsize=(8, 5.5), dpi=120)
     ax = fig.subplots()
     styles = data.styles()
-    feasible = data.points[data.points["feasible"]]
-    for label, group in feasible.groupby("methods", sort=True):
+    for label, group in data.method_points().groupby("methods", sort=True):
         colour, symbol = styles[label]
         marker = MPL_MARKERS.get(symbol, "o")
         simulated = group["simulated"].fillna("") != ""

@@ -2,15 +2,14 @@
 
 Needs Debian's chromium (`apt-get install -y chromium`) and the `playwright` package; it fails,
 not skips, when either is missing. Playwright never downloads a browser here: it is pointed at
-the system one. Screenshots go to the test's tmp folder and, when run by hand (CI unset), to
-docs/dashboard.png for the README.
+the system one. Screenshots go to the test's tmp folder; the documentation's pictures are taken
+from the demo by `make screenshots` (docs/screenshots.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("PARETOLAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -105,9 +103,6 @@ def test_frontier_renders_and_a_click_opens_the_trial(dashboard, tmp_path):
             page.screenshot(path=str(tmp_path / "dashboard-trial.png"), full_page=False)
         finally:
             browser.close()
-    if not os.environ.get("CI"):
-        (ROOT / "docs").mkdir(exist_ok=True)
-        shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
 
 
 @pytest.mark.slow
