@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
-from paretolab.plugin_api.numbers import axis_scale, axis_title, metric_value, param_value
+from paretolab.plugin_api.numbers import axis_scale, axis_title, metric_value, number, param_value
 from paretolab.stats import interval
 
 LOG_ABOVE = 100.0  # max/min of a metric's positive values beyond which its axis is logarithmic by default (two decades)
@@ -229,6 +229,16 @@ def _hover(points: pd.DataFrame, metrics: list[str], params: list[str]) -> pd.Se
     return text + np.where(~points["feasible"], "<br><b>infeasible</b>: " + because, "")
 
 
+def decades(values: Any) -> list[float]:
+    """The powers of ten spanning a log axis's positive values (one below the smallest to one above the largest)."""
+    numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+    positive = numbers[np.isfinite(numbers) & (numbers > 0)]
+    if not len(positive):
+        return []
+    low, high = int(np.floor(np.log10(positive.min()))), int(np.ceil(np.log10(positive.max())))
+    return [10.0 ** k for k in range(low, high + 1)]
+
+
 def step_shape(x_direction: str) -> str:
     """The staircase between frontier points sorted by x: the edge of the region they dominate."""
     return "hv" if x_direction == "minimize" else "vh"
@@ -292,6 +302,10 @@ def frontier_figure(data: FrontierData, *, log_x: bool | None = None, log_y: boo
         xaxis_type="log" if log_x else "linear", yaxis_type="log" if log_y else "linear", clickmode="event+select",
         xaxis_exponentformat="none", yaxis_exponentformat="none",
     )
+    for axis, log, column, scale in (("xaxis", log_x, data.x, sx), ("yaxis", log_y, data.y, sy)):
+        if log:  # decades labelled by the one formatter, as the PNG/SVG label them (10, 100, 1000, 10000, 100000, 1M)
+            values = decades(data.points[column] / scale)
+            fig.update_layout({axis: {"tickvals": values, "ticktext": [number(v) for v in values]}})
     if data.title:
         fig.update_layout(title={"text": data.title, "x": 0.01, "xanchor": "left"})
     if data.z and z_as != "size":
@@ -314,7 +328,7 @@ def _reference_lines(fig: go.Figure, data: FrontierData, log_x: bool, log_y: boo
     if (log_x and rx <= 0) or (log_y and ry <= 0):
         return
     fig.add_annotation(x=np.log10(rx) if log_x else rx, y=np.log10(ry) if log_y else ry, xref="x", yref="y", text=REFERENCE,
-                       showarrow=False, xanchor="right", yanchor="bottom", xshift=-10, yshift=6,
+                       showarrow=False, xanchor="left", yanchor="bottom", xshift=10, yshift=4,
                        font={"size": 11, "color": "#555555"}, bgcolor="rgba(255,255,255,0.7)")
 
 

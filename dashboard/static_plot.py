@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from paretolab.dashboard.plots import INFEASIBLE_COLOUR, MPL_MARKERS, REFERENCE, WEBGL_ABOVE, FrontierData, error_bars
-from paretolab.plugin_api.numbers import param_value
+from paretolab.dashboard.plots import INFEASIBLE_COLOUR, MPL_MARKERS, REFERENCE, WEBGL_ABOVE, FrontierData, decades, error_bars
+from paretolab.plugin_api.numbers import number
 
 
 def frontier_image(data: FrontierData, fmt: str, *, log_x: bool | None = None, log_y: bool | None = None) -> bytes:
@@ -33,7 +33,7 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter
 
     sx, sy = data.scales()
     fig = Figure(figsize=(8, 5.5), dpi=120)
@@ -47,10 +47,11 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
         for part, hollow in ((group[~simulated], False), (group[simulated], True)):
             if part.empty:
                 continue
-            edges = np.where(part["frontier"], "#111111", colour)
+            # as on the page: a frontier point is bigger, outlined dark when filled; a hollow (simulated) one keeps its colour
+            edges = colour if hollow else np.where(part["frontier"], "#111111", colour)
             ax.scatter(part[data.x] / sx, part[data.y] / sy, s=np.where(part["frontier"], 60, 22), marker=marker,
-                       facecolors="none" if hollow else colour, edgecolors=edges, linewidths=np.where(part["frontier"], 1.5, 0.5),
-                       alpha=0.85, label=f"{label} (cost simulated)" if hollow else label, rasterized=big, zorder=3)
+                       facecolors="none" if hollow else colour, edgecolors=edges, linewidths=np.where(part["frontier"], 1.8, 0.8),
+                       alpha=0.85, label=label if not hollow or not (~simulated).any() else None, rasterized=big, zorder=3)
             bars = {k: b for k, b in (("xerr", error_bars(part, data.x, sx)), ("yerr", error_bars(part, data.y, sy))) if b}
             if bars:
                 ax.errorbar(part[data.x] / sx, part[data.y] / sy, fmt="none", ecolor=colour, elinewidth=0.8, capsize=2, zorder=2,
@@ -71,7 +72,7 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
         dashed = {"linestyle": "--", "color": "0.35", "linewidth": 1, "zorder": 1}
         ax.axvline(rx, gid="unmodified-model-x", **dashed)
         ax.axhline(ry, gid="unmodified-model-y", **dashed)
-        ax.annotate(REFERENCE, (rx, ry), xytext=(-8, 6), textcoords="offset points", ha="right", va="bottom", fontsize=8, color="0.35")
+        ax.annotate(REFERENCE, (rx, ry), xytext=(8, 3), textcoords="offset points", ha="left", va="bottom", fontsize=8, color="0.35")
     x_title, y_title = data.axis_titles()
     ax.set_xlabel(x_title)
     ax.set_ylabel(y_title)
@@ -79,10 +80,11 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
         ax.set_title(data.title, fontsize=11, loc="left")
     ax.set_xscale("log" if log_x else "linear")
     ax.set_yscale("log" if log_y else "linear")
-    plain = FuncFormatter(lambda v, _: param_value(float(v)))  # the one formatter: no 1e8 offset, no float noise
-    for axis, log in ((ax.xaxis, log_x), (ax.yaxis, log_y)):
+    plain = FuncFormatter(lambda v, _: number(float(v)))  # the one formatter: no 1e8 offset, no float noise
+    for axis, log, column, scale in ((ax.xaxis, log_x, data.x, sx), (ax.yaxis, log_y, data.y, sy)):
         axis.set_major_formatter(plain)
-        if log:
+        if log:  # the decades the page labels (plots.decades), with the same text
+            axis.set_major_locator(FixedLocator(decades(data.points[column] / scale)))
             axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

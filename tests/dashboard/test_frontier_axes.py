@@ -63,6 +63,11 @@ def test_image_export_uses_the_same_rule_and_lines(wide_home):
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("ppl ↓", "size [MB] ↓"), "the download's axis titles are the page's"
     assert not ax.yaxis.get_offset_text().get_text(), "no 1e8-style offset above an axis"
     assert static_figure(plot, log_x=False).axes[0].get_xscale() == "linear"
+    # the download is the page: the same legend entries (only what is drawn) and the same tick labels on the log axis
+    page = frontier_figure(plot)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [t.name for t in page.data if t.showlegend is not False]
+    ticks = [ax.xaxis.get_major_formatter()(v) for v in ax.xaxis.get_major_locator()()]
+    assert ticks == list(page.layout.xaxis.ticktext) == ["10", "100", "1000", "10000", "100000", "1M", "10M", "100M"]
     svg = frontier_image(plot, "svg").decode()
     assert 'id="unmodified-model-x"' in svg and 'id="unmodified-model-y"' in svg
 
