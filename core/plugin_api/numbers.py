@@ -92,7 +92,14 @@ def metric_value(name: str, value: Any, *, signed: bool = False) -> str:
 
 
 def param_value(value: Any) -> str:
-    """A searched parameter's value: numbers by :func:`number` (``0.5675``, ``128``), text as it is."""
+    """A parameter's value: numbers by :func:`number` (``0.5675``, ``128``), also when they come as text (MLflow keeps
+    params as strings: ``"0.5675410179622814"`` -> ``0.5675``); other text as it is."""
+    if isinstance(value, str):
+        try:
+            parsed = float(value)
+        except ValueError:
+            return value
+        return number(parsed) if math.isfinite(parsed) and value.strip() == value and value else value
     return number(value)
 
 

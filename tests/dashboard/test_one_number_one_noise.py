@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 from paretolab.dashboard import data
 from paretolab.dashboard.plots import frontier_points
 from paretolab.dashboard.tables import compare_table, frontier_table, key_values
-from paretolab.plugin_api.numbers import axis_title, metric_value, number
+from paretolab.plugin_api.numbers import axis_title, metric_value, number, param_value
 from paretolab.results.read import frontier_rows, print_frontier
 from paretolab.results.section import markdown_table
 from paretolab.stats import ARTIFACT, per_example_json
@@ -39,6 +39,13 @@ from .conftest import PIPELINE, _mlflow_params, _params
 ])
 def test_the_one_formatter(value, unit, text):
     assert number(value, unit) == text
+
+
+def test_params_read_as_numbers_also_when_mlflow_kept_them_as_text():
+    assert param_value("0.5675410179622814") == param_value(0.5675410179622814) == "0.5675"  # `report`'s params column
+    assert [param_value(v) for v in ("128", "row", "nan", True)] == ["128", "row", "nan", "True"]
+    cell = markdown_table([{"params": {"stage0.magnitude.sparsity": "0.5675410179622814", "stage0.magnitude.scope": "row"}}], ["params"])
+    assert cell.splitlines()[-1] == "| magnitude.sparsity=0.5675, magnitude.scope=row |"
 
 
 def test_axis_titles_say_unit_and_direction():
