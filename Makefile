@@ -134,5 +134,9 @@ results-search: $(DEV)  ## the pruned vs unpruned scratch-1m search (~20 min on 
 docs: $(DEV)  ## build the documentation site into site/ (open site/index.html; `$(BIN)/mkdocs serve` to browse it live)
 	$(BIN)/mkdocs build --strict --site-dir site
 
+# The README's and the site's dashboard pictures, taken from the demo's stores in Chromium (docs/screenshots.py): commit them.
+screenshots: $(DEV)  ## docs/img/*.png: every dashboard page of the demo, in headless Chromium (run `make demo` first)
+	$(BIN)/python docs/screenshots.py
+
 clean:
 	rm -rf $(VENV) .paretolab build site *.egg-info

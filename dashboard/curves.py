@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
 from paretolab.dashboard.plots import PALETTE
+from paretolab.plugin_api.numbers import param_value
 
 X_TITLES = {"tokens": "training tokens", "flops": "training FLOPs"}
 BANDS = ("min–max", "± stderr", "one line per seed")
@@ -57,7 +58,7 @@ def group_labels(frame: pd.DataFrame) -> pd.Series:
                and frame[c].astype(str).nunique(dropna=False) > 1]
     for column in varying:
         name = column.removeprefix("param:").split(".", 1)[-1]
-        label = label + frame[column].map(lambda v, n=name: "" if v is None or v != v else f" · {n}={v:.4g}" if isinstance(v, float) else f" · {n}={v}")
+        label = label + frame[column].map(lambda v, n=name: "" if v is None or v != v else f" · {n}={param_value(v)}")
     return label
 
 

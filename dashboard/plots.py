@@ -1,14 +1,11 @@
-"""Figures from the data path: the frontier (interactive plotly, static matplotlib) and parallel coordinates.
+"""Figures from the data path: the frontier (interactive plotly; its static twin is in ``static_plot``) and parallel coordinates.
 
 ``frontier_points`` computes everything a frontier plot shows as plain data; the two backends
-only draw it. Static images use matplotlib rather than plotly+kaleido: kaleido drives a
-Chrome it downloads or finds at run time, one browser process per export, which is slow on two
-cores and fragile offline; matplotlib renders PNG and SVG in-process with no browser.
+(plotly here, matplotlib in ``static_plot``) only draw it.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
-from paretolab.results.noise import QUALITY, mark_indistinguishable
+from paretolab.plugin_api.numbers import axis_scale, axis_title, metric_value, number, param_value
 from paretolab.stats import interval
 
 LOG_ABOVE = 100.0  # max/min of a metric's positive values beyond which its axis is logarithmic by default (two decades)
@@ -25,6 +22,9 @@ REFERENCE = "unmodified model"  # the label of the reference trials (method ``no
 INFEASIBLE_COLOUR = "#9a9a9a"  # infeasible trials: grey crosses, drawn but never on a frontier
 WEBGL_ABOVE = 3000  # points; WebGL scatter beyond this, SVG below (WebGL needs a GPU or SwiftShader in the browser)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "pentagon", "hexagon", "star-triangle-up", "cross", "x")
+MPL_MARKERS = {"circle": "o", "square": "s", "diamond": "D", "triangle-up": "^", "triangle-down": "v", "pentagon": "p",
+               "hexagon": "h", "star-triangle-up": "2", "cross": "P", "x": "X"}  # the same shapes in matplotlib
 
 
 @dataclass
@@ -41,6 +41,26 @@ class FrontierData:
     reference: pd.DataFrame  # trials of the unmodified model (methods == 'none')
     constraints: tuple[str, ...] = ()  # the study's bounds in words; the frontier is over the trials meeting them
     params: tuple[str, ...] = ()  # the ``param:<name>`` columns shown on hover
+    title: str = ""  # the plot's title, on the page and in the downloads
+
+    def axis_titles(self) -> tuple[str, str]:
+        """``ppl ↓``, ``size [MB] ↓``: each metric with its registered unit and better direction."""
+        return axis_title(self.x, self.directions[0]), axis_title(self.y, self.directions[1])
+
+    def scales(self) -> tuple[float, float]:
+        """What each axis divides its metric by to draw it in the unit its title names (bytes are drawn in MB)."""
+        return axis_scale(self.x), axis_scale(self.y)
+
+    def method_points(self) -> pd.DataFrame:
+        """The feasible trials drawn as their method's markers: the unmodified model's trials are its star instead."""
+        feasible = self.points[self.points["feasible"]]
+        return feasible[feasible["methods"] != NONE_METHOD] if not self.reference.empty else feasible
+
+    def styles(self) -> dict[str, tuple[str, str]]:
+        """Method label -> (colour, plotly symbol): one look per method, kept on and off the frontier, on screen and in files."""
+        labels = sorted(self.points["methods"].unique())
+        return {label: (PALETTE[i % len(PALETTE)], SYMBOLS[i % len(SYMBOLS)])
+                for i, label in enumerate(labels)}
 
     @property
     def infeasible(self) -> pd.DataFrame:
@@ -93,9 +113,13 @@ def frontier_points(
     per_method: np.ndarray | None = None,
     param_columns: list[str] | None = None,
     constraints: tuple[str, ...] = (),
+    source: Any = None,
+    title: str = "",
 ) -> FrontierData:
     """Assemble the plot data from a complete-trial frame (infeasible trials included, to be drawn marked)
-    and the frontier's trial numbers (computed over the feasible ones)."""
+    and the frontier's trial numbers (computed over the feasible ones). ``source`` (the study's stores or a
+    ``results.source`` Source) gives each frontier point its neighbours within noise, as ``paretolab frontier``
+    says it (:func:`paretolab.results.read.frontier_noise`); without one the ``noise`` column is blank."""
     wanted = [x, y] + ([z] if z else [])
     points = frame.dropna(subset=[c for c in wanted if c in frame.columns]).copy()
     points["frontier"] = points["number"].isin(front_numbers)
@@ -108,24 +132,27 @@ def frontier_points(
         fronts = {str(label): group for label, group in own.groupby("methods", sort=True)}
     reference = points[points["methods"] == NONE_METHOD]
     reference = reference.assign(hover=_hover(reference, wanted, param_columns or []))
-    front = front.assign(noise=_within_noise(front, [x, y]))
+    front = front.assign(noise=_within_noise(front, [x, y], source))
     keep = ["number", *wanted, "methods", "simulated", *(param_columns or []), "noise"]
     front_out = front[[c for c in keep if c in front.columns] + ["hover", "frontier"]].rename(columns=lambda c: c.removeprefix("param:"))
-    return FrontierData(points, x, y, directions, z, front_out, fronts, reference, tuple(constraints), tuple(param_columns or ()))
+    return FrontierData(points, x, y, directions, z, front_out, fronts, reference, tuple(constraints), tuple(param_columns or ()), title)
 
 
-def _within_noise(front: pd.DataFrame, metrics: list[str]) -> list[str]:
-    """Per frontier point (sorted along the frontier): the neighbours within noise on a quality axis, from the logged intervals."""
-    quality = [m for m in metrics if m in QUALITY]
-    if not quality or front.empty:
+def _within_noise(front: pd.DataFrame, metrics: list[str], source: Any) -> list[str]:
+    """Per frontier point (sorted along the frontier): its neighbours within noise on a quality axis, by the one rule
+    the CLI uses (paired on per-example scores where both runs have them)."""
+    if source is None or front.empty:
         return [""] * len(front)
-    rows = [{**rec, "trial": int(rec["number"])} for rec in front.to_dict("records")]
-    mark_indistinguishable(rows, quality, lambda run_id: None)  # the dashboard has the logged intervals, not the per-example scores
-    return [r["noise"] for r in rows]
+    from paretolab.results.read import frontier_noise
+
+    rows = [{"trial": int(rec["number"]), "mlflow_run_id": rec.get("mlflow_run_id") or "", **{m: rec[m] for m in metrics}}
+            for rec in front.to_dict("records")]
+    return [n or "" for n in frontier_noise(rows, metrics, source)]
 
 
-def error_bars(points: pd.DataFrame, metric: str) -> dict[str, Any] | None:
-    """A plotly error-bar spec from each point's logged 95 % interval of ``metric``; None when no point has one."""
+def error_bars(points: pd.DataFrame, metric: str, scale: float = 1.0) -> dict[str, Any] | None:
+    """A plotly error-bar spec from each point's logged 95 % interval of ``metric`` (divided by the axis's ``scale``);
+    None when no point has one."""
     needed = [c for c in _interval_columns(metric) if c != metric]
     if not needed or any(c not in points for c in needed):  # the columns ``interval`` reads are absent: no point has one
         return None
@@ -135,7 +162,7 @@ def error_bars(points: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     values = points[metric].to_numpy(dtype=float)
     high = np.array([s[1] if s else v for s, v in zip(spans, values)]) - values
     low = values - np.array([s[0] if s else v for s, v in zip(spans, values)])
-    return {"type": "data", "symmetric": False, "array": high, "arrayminus": low, "thickness": 1, "width": 3}
+    return {"type": "data", "symmetric": False, "array": high / scale, "arrayminus": low / scale, "thickness": 1, "width": 3}
 
 
 def _interval_columns(metric: str) -> list[str]:
@@ -151,32 +178,37 @@ def _interval_columns(metric: str) -> list[str]:
     return asked
 
 
+def _texts(values: pd.Series, metric: str | None) -> np.ndarray:
+    """Each value as the one formatter writes it (``metric_value`` for a metric, ``param_value`` for a parameter)."""
+    write = (lambda v: metric_value(metric, v)) if metric else param_value
+    return np.array(["" if v is None or v != v else write(v) for v in values], dtype=object)
+
+
 def _hover_template(part: pd.DataFrame, data: FrontierData, label: str) -> tuple[str, np.ndarray]:
-    """Hover for a trace of many points as a plotly template over ``customdata`` (trial number first, then the
-    shown parameters that vary), formatted by the browser: no string is built per point here. A parameter
-    that is the same for every point of the trace is written into the template."""
-    lines = [f"trial %{{customdata[0]}} · {label}", f"{data.x} = %{{x:.5g}}", f"{data.y} = %{{y:.5g}}"]
+    """Hover for a trace of many points as a plotly template over ``customdata`` (trial number first, then the plotted
+    values and the shown parameters that vary, each written by the one formatter). A parameter that is the same for
+    every point of the trace is written into the template."""
+    lines = [f"trial %{{customdata[0]}} · {label}"]
     columns: list[np.ndarray] = [part["number"].to_numpy(dtype=float)]
-    for column in ([data.z] if data.z else []) + list(data.params):
+    for column in [data.x, data.y, *([data.z] if data.z else [])]:
+        columns.append(_texts(part[column], column))
+        lines.append(f"{column} = %{{customdata[{len(columns) - 1}]}}")
+    for column in data.params:
         values = part[column]
         present = values[values.notna()]
         if present.empty:
             continue
         name = column.removeprefix("param:")
-        numeric = pd.api.types.infer_dtype(present, skipna=True) in ("floating", "integer", "mixed-integer-float")
-        if column != data.z and len(present) == len(values) and present.nunique() == 1:
-            value = present.iloc[0]
-            lines.append(f"{name} = {value:.4g}" if isinstance(value, float) else f"{name} = {value}")
-        elif numeric:
-            columns.append(pd.to_numeric(values, errors="coerce").to_numpy(dtype=float))
-            lines.append(f"{name} = %{{customdata[{len(columns) - 1}]:{'.5g' if column == data.z else '.4g'}}}")
+        if len(present) == len(values) and present.nunique() == 1:
+            lines.append(f"{name} = {param_value(present.iloc[0])}")
         else:
-            columns.append(values.astype(str).to_numpy(dtype=object))
+            columns.append(_texts(values, None))
             lines.append(f"{name} = %{{customdata[{len(columns) - 1}]}}")
     simulated = part["simulated"].fillna("")
     if len(simulated) and (simulated != "").all() and simulated.nunique() == 1:
         lines.append(f"<i>cost simulated by: {simulated.iloc[0]}</i>")
-    stacked = np.column_stack(columns) if all(c.dtype != object for c in columns) else np.column_stack([c.astype(object) for c in columns])
+    stacked = np.column_stack([c.astype(object) for c in columns])
+    stacked[:, 0] = [int(n) for n in columns[0]]
     return "<br>".join(lines) + "<extra></extra>", stacked
 
 
@@ -185,17 +217,26 @@ def _hover(points: pd.DataFrame, metrics: list[str], params: list[str]) -> pd.Se
         return pd.Series([], index=points.index, dtype=object)
     text = "trial " + points["number"].astype(str) + " · " + points["methods"].astype(str)
     for metric in metrics:
-        text = text + f"<br>{metric} = " + points[metric].map(lambda v: f"{v:.5g}")
+        text = text + f"<br>{metric} = " + pd.Series(_texts(points[metric], metric), index=points.index)
     for column in params:
-        values = points[column]
-        shown = values.map(lambda v: "" if v is None or v != v else f"<br>{column.removeprefix('param:')} = {v:.4g}" if isinstance(v, float) else f"<br>{column.removeprefix('param:')} = {v}")
-        text = text + shown
+        shown = pd.Series(_texts(points[column], None), index=points.index)
+        text = text + np.where(shown != "", f"<br>{column.removeprefix('param:')} = " + shown, "")
     simulated = points["simulated"].fillna("")
     text = text + np.where(simulated != "", "<br><i>cost simulated by: " + simulated + "</i>", "")
     if "feasible" not in points or points["feasible"].all():
         return text
     because = points.get("infeasible_because", pd.Series("", index=points.index)).fillna("").astype(str)
     return text + np.where(~points["feasible"], "<br><b>infeasible</b>: " + because, "")
+
+
+def decades(values: Any) -> list[float]:
+    """The powers of ten spanning a log axis's positive values (one below the smallest to one above the largest)."""
+    numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+    positive = numbers[np.isfinite(numbers) & (numbers > 0)]
+    if not len(positive):
+        return []
+    low, high = int(np.floor(np.log10(positive.min()))), int(np.ceil(np.log10(positive.max())))
+    return [10.0 ** k for k in range(low, high + 1)]
 
 
 def step_shape(x_direction: str) -> str:
@@ -205,79 +246,90 @@ def step_shape(x_direction: str) -> str:
 
 def frontier_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool | None = None, z_as: str = "colour",
                     per_method: bool = False) -> go.Figure:
-    """All complete trials coloured by method, the frontier highlighted and joined as a step line, the unmodified
-    model's values as dashed lines. An axis is logarithmic when asked, or by :func:`wants_log` when not (None)."""
+    """All complete trials, each method in its own colour and shape (kept on the frontier, where a dark outline marks
+    the point), the frontier joined as a step line, every quality number with its 95 % interval as error bars, the
+    unmodified model as a star with dashed lines and one label. Axis titles carry unit and direction (``size [MB] ↓``).
+    An axis is logarithmic when asked, or by :func:`wants_log` when not (None)."""
     auto = data.log_axes()
     log_x, log_y = auto[0] if log_x is None else log_x, auto[1] if log_y is None else log_y
+    sx, sy = data.scales()
     fig = go.Figure()
     scatter = go.Scattergl if len(data.points) > WEBGL_ABOVE else go.Scatter
-    labels = sorted(data.points["methods"].unique())
-    colours = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+    styles = data.styles()
     z_values = data.points[data.z] if data.z else None
-    feasible = data.points[data.points["feasible"]]
-    for label, group in feasible.groupby("methods", sort=True):
+    for label, group in data.method_points().groupby("methods", sort=True):
+        colour, symbol = styles[label]
         simulated = group["simulated"].fillna("").to_numpy() != ""
         # measured and simulated cost as two traces with one scalar symbol each: a per-point symbol array
         # is validated point by point by plotly (0.6 s for 10k points)
-        for part, symbol, legend in ((group[~simulated], "circle", True), (group[simulated], "circle-open", not (~simulated).any())):
+        for part, shape, legend in ((group[~simulated], symbol, True), (group[simulated], f"{symbol}-open", not (~simulated).any())):
             if part.empty:
                 continue
-            marker: dict[str, Any] = {"symbol": symbol, "size": 8, "opacity": 0.75, "color": colours[label]}
+            on_front = part["frontier"].to_numpy()
+            marker: dict[str, Any] = {"symbol": shape, "size": np.where(on_front, 12, 8), "opacity": 0.85, "color": colour,
+                                      "line": {"color": np.where(on_front, "#111111", colour).tolist(), "width": np.where(on_front, 2, 0.5)}}
             if data.z and z_as == "size":
                 marker["size"] = _sizes(part[data.z], z_values)
             elif data.z:
                 marker.update(color=part[data.z].to_numpy(), coloraxis="coloraxis")
             template, custom = _hover_template(part, data, str(label))
+            bars = {f"error_{axis}": {**b, "color": colour} if (b := error_bars(part, metric, scale)) else None
+                    for axis, metric, scale in (("x", data.x, sx), ("y", data.y, sy))}
             fig.add_trace(scatter(
-                x=part[data.x].to_numpy(), y=part[data.y].to_numpy(), mode="markers", name=label, legendgroup=label, showlegend=legend,
-                marker=marker, customdata=custom, hovertemplate=template,
-                error_x=error_bars(part, data.x), error_y=error_bars(part, data.y),
+                x=part[data.x].to_numpy() / sx, y=part[data.y].to_numpy() / sy, mode="markers", name=label, legendgroup=label,
+                showlegend=legend, marker=marker, customdata=custom, hovertemplate=template, **bars,
             ))
     _infeasible_trace(fig, data, scatter)
     line = {"shape": step_shape(data.directions[0])}
     if per_method:
         for label, front in data.per_method.items():
-            fig.add_trace(go.Scatter(x=front[data.x], y=front[data.y], mode="lines", name=f"{label} frontier", legendgroup=label,
-                                     line={**line, "color": colours.get(label, "#444"), "dash": "dot", "width": 1.5}, hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=front[data.x] / sx, y=front[data.y] / sy, mode="lines", name=f"{label} frontier", legendgroup=label,
+                                     line={**line, "color": styles.get(label, ("#444", ""))[0], "dash": "dot", "width": 1.5}, hoverinfo="skip"))
     front = data.front
     fig.add_trace(go.Scatter(
-        x=front[data.x], y=front[data.y], mode="lines+markers", name="Pareto frontier", line={**line, "color": "black", "width": 2},
-        marker={"size": 12, "color": "rgba(0,0,0,0)", "line": {"color": "black", "width": 2}},
-        customdata=front["number"], hovertext=front["hover"], hoverinfo="text",
+        x=front[data.x] / sx, y=front[data.y] / sy, mode="lines", name="Pareto frontier", line={**line, "color": "#111111", "width": 1.5},
+        customdata=front["number"], hovertext=front["hover"], hoverinfo="skip",
     ))
-    _noise_trace(fig, data)
     if not data.reference.empty:
         ref = data.reference
-        fig.add_trace(go.Scatter(x=ref[data.x], y=ref[data.y], mode="markers+text", name=REFERENCE, text=["unmodified"] * len(ref),
-                                 textposition="top center", marker={"symbol": "star", "size": 16, "color": "gold", "line": {"color": "black", "width": 1}},
+        fig.add_trace(go.Scatter(x=ref[data.x] / sx, y=ref[data.y] / sy, mode="markers", name=REFERENCE,
+                                 marker={"symbol": "star", "size": 16, "color": "gold", "line": {"color": "black", "width": 1}},
                                  customdata=ref["number"], hovertext=ref["hover"], hoverinfo="text"))
     _reference_lines(fig, data, log_x, log_y)
+    x_title, y_title = data.axis_titles()
     fig.update_layout(
-        xaxis_title=data.x, yaxis_title=data.y, legend_title="method", height=560, margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        xaxis_title=x_title, yaxis_title=y_title, legend_title="method", height=560, margin={"l": 10, "r": 10, "t": 50 if data.title else 30, "b": 10},
         xaxis_type="log" if log_x else "linear", yaxis_type="log" if log_y else "linear", clickmode="event+select",
+        xaxis_exponentformat="none", yaxis_exponentformat="none",
     )
+    for axis, log, column, scale in (("xaxis", log_x, data.x, sx), ("yaxis", log_y, data.y, sy)):
+        if log:  # decades labelled by the one formatter, as the PNG/SVG label them (10, 100, 1000, 10000, 100000, 1M)
+            values = decades(data.points[column] / scale)
+            fig.update_layout({axis: {"tickvals": values, "ticktext": [number(v) for v in values]}})
+    if data.title:
+        fig.update_layout(title={"text": data.title, "x": 0.01, "xanchor": "left"})
     if data.z and z_as != "size":
-        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": data.z}})
+        fig.update_layout(coloraxis={"colorscale": "Viridis", "colorbar": {"title": axis_title(data.z)}})
     return fig
 
 
 def _reference_lines(fig: go.Figure, data: FrontierData, log_x: bool, log_y: bool) -> None:
-    """The unmodified model's x and y as dashed lines across the plot, each labelled: what every trial is compared to.
-    Shapes take data values on a log axis; annotations take the value's log10 there."""
+    """The unmodified model's x and y as dashed lines across the plot and one label beside its star: what every trial
+    is compared to (its values are in the star's hover and the table). Shapes take data values on a log axis;
+    annotations take the value's log10 there."""
     point = data.reference_point()
     if point is None:
         return
-    rx, ry = point
+    sx, sy = data.scales()
+    rx, ry = point[0] / sx, point[1] / sy
     dashed = {"dash": "dash", "color": "#555555", "width": 1}
     fig.add_shape(type="line", name=f"{REFERENCE}: {data.x}", xref="x", yref="paper", x0=rx, x1=rx, y0=0, y1=1, line=dashed, layer="below")
     fig.add_shape(type="line", name=f"{REFERENCE}: {data.y}", xref="paper", yref="y", x0=0, x1=1, y0=ry, y1=ry, line=dashed, layer="below")
-    font = {"size": 11, "color": "#555555"}
-    if not (log_x and rx <= 0):
-        fig.add_annotation(x=np.log10(rx) if log_x else rx, xref="x", y=1, yref="paper", text=f"{REFERENCE} ({data.x} {rx:.5g})",
-                           showarrow=False, xanchor="left", yanchor="top", textangle=0, font=font)
-    if not (log_y and ry <= 0):
-        fig.add_annotation(x=1, xref="paper", y=np.log10(ry) if log_y else ry, yref="y", text=f"{REFERENCE} ({data.y} {ry:.5g})",
-                           showarrow=False, xanchor="right", yanchor="bottom", font=font)
+    if (log_x and rx <= 0) or (log_y and ry <= 0):
+        return
+    fig.add_annotation(x=np.log10(rx) if log_x else rx, y=np.log10(ry) if log_y else ry, xref="x", yref="y", text=REFERENCE,
+                       showarrow=False, xanchor="left", yanchor="bottom", xshift=10, yshift=4,
+                       font={"size": 11, "color": "#555555"}, bgcolor="rgba(255,255,255,0.7)")
 
 
 def _infeasible_trace(fig: go.Figure, data: FrontierData, scatter: Any) -> None:
@@ -285,22 +337,11 @@ def _infeasible_trace(fig: go.Figure, data: FrontierData, scatter: Any) -> None:
     bad = data.infeasible
     if bad.empty:
         return
+    sx, sy = data.scales()
     fig.add_trace(scatter(
-        x=bad[data.x].to_numpy(), y=bad[data.y].to_numpy(), mode="markers", name=data.infeasible_label(), legendgroup="infeasible",
+        x=bad[data.x].to_numpy() / sx, y=bad[data.y].to_numpy() / sy, mode="markers", name=data.infeasible_label(), legendgroup="infeasible",
         marker={"symbol": "x", "size": 9, "color": INFEASIBLE_COLOUR, "opacity": 0.9},
         customdata=bad["number"].to_numpy(), hovertext=bad["hover"].to_numpy(), hoverinfo="text",
-    ))
-
-
-def _noise_trace(fig: go.Figure, data: FrontierData) -> None:
-    """Frontier points within noise of a neighbour, crossed: their order along the frontier is not established."""
-    tied = data.front[data.front["noise"] != ""] if "noise" in data.front else data.front.iloc[:0]
-    if tied.empty:
-        return
-    fig.add_trace(go.Scatter(
-        x=tied[data.x], y=tied[data.y], mode="markers", name="within noise of a neighbour",
-        marker={"symbol": "x-thin-open", "size": 14, "color": "crimson", "line": {"width": 2, "color": "crimson"}},
-        customdata=tied["number"], hovertext=tied["noise"], hoverinfo="text",
     ))
 
 
@@ -308,68 +349,6 @@ def _sizes(values: pd.Series, all_values: pd.Series | None) -> np.ndarray:
     lo, hi = (float(all_values.min()), float(all_values.max())) if all_values is not None else (0.0, 1.0)
     span = hi - lo or 1.0
     return 6 + 16 * (values.to_numpy(dtype=float) - lo) / span
-
-
-def frontier_image(data: FrontierData, fmt: str, *, log_x: bool | None = None, log_y: bool | None = None) -> bytes:
-    """The frontier plot as PNG or SVG bytes (matplotlib, no browser); axes as in :func:`frontier_figure`."""
-    out = io.BytesIO()
-    static_figure(data, log_x=log_x, log_y=log_y).savefig(out, format=fmt)
-    return out.getvalue()
-
-
-def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool | None = None) -> Any:
-    """The matplotlib Figure behind :func:`frontier_image`: log axes by :func:`wants_log` unless given,
-    the unmodified model's values as labelled dashed lines (SVG ids ``unmodified-model-x``/``-y``)."""
-    auto = data.log_axes()
-    log_x, log_y = auto[0] if log_x is None else log_x, auto[1] if log_y is None else log_y
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5.5), dpi=120)
-    ax = fig.subplots()
-    labels = sorted(data.points["methods"].unique())
-    feasible = data.points[data.points["feasible"]]
-    for i, label in enumerate(labels):
-        group = feasible[feasible["methods"] == label]
-        if group.empty:
-            continue
-        simulated = group["simulated"].fillna("") != ""
-        colour = PALETTE[i % len(PALETTE)]
-        ax.scatter(group.loc[~simulated, data.x], group.loc[~simulated, data.y], s=18, color=colour, alpha=0.75, label=label, rasterized=len(group) > WEBGL_ABOVE)
-        if simulated.any():
-            ax.scatter(group.loc[simulated, data.x], group.loc[simulated, data.y], s=18, facecolors="none", edgecolors=colour,
-                       label=f"{label} (cost simulated)", rasterized=len(group) > WEBGL_ABOVE)
-    if not data.infeasible.empty:
-        ax.scatter(data.infeasible[data.x], data.infeasible[data.y], marker="x", s=24, color=INFEASIBLE_COLOUR, label=data.infeasible_label())
-    front = data.points[data.points["frontier"]].sort_values([data.x, data.y])
-    where = "post" if data.directions[0] == "minimize" else "pre"
-    ax.step(front[data.x], front[data.y], where=where, color="black", linewidth=1.5, label="Pareto frontier")
-    ax.scatter(front[data.x], front[data.y], s=60, facecolors="none", edgecolors="black")
-    bars = {axis: error_bars(front, metric) for axis, metric in (("xerr", data.x), ("yerr", data.y))}
-    if any(bars.values()):
-        ax.errorbar(front[data.x], front[data.y], fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
-                    **{k: [b["arrayminus"], b["array"]] for k, b in bars.items() if b})
-    if not data.reference.empty:
-        ax.scatter(data.reference[data.x], data.reference[data.y], marker="*", s=200, color="gold", edgecolors="black", label=REFERENCE, zorder=5)
-    point = data.reference_point()
-    if point is not None:
-        dashed = {"linestyle": "--", "color": "0.35", "linewidth": 1, "zorder": 1}
-        ax.axvline(point[0], gid="unmodified-model-x", **dashed)
-        ax.axhline(point[1], gid="unmodified-model-y", **dashed)
-        ax.annotate(f"{REFERENCE} ({data.x} {point[0]:.5g})", (point[0], 1), xycoords=("data", "axes fraction"), xytext=(3, -3),
-                    textcoords="offset points", ha="left", va="top", fontsize=7, color="0.35")
-        ax.annotate(f"{REFERENCE} ({data.y} {point[1]:.5g})", (1, point[1]), xycoords=("axes fraction", "data"), xytext=(-3, 3),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.35")
-    ax.set_xlabel(data.x)
-    ax.set_ylabel(data.y)
-    ax.set_xscale("log" if log_x else "linear")
-    ax.set_yscale("log" if log_y else "linear")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
 
 
 def parallel_coordinates(table: pd.DataFrame) -> go.Figure:

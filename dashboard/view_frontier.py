@@ -9,12 +9,13 @@ from streamlit.delta_generator import DeltaGenerator
 
 from paretolab.dashboard.context import Context
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
+from paretolab.dashboard.tables import frontier_table
 from paretolab.dashboard.plots import (
     FrontierData,
     frontier_figure,
-    frontier_image,
     frontier_points,
 )
+from paretolab.dashboard.static_plot import frontier_image
 from paretolab.models import quality_note
 
 NO_Z = "(none)"
@@ -106,7 +107,7 @@ def _plot_data(ctx: Context, frame: pd.DataFrame, x: str, y: str, directions: tu
         front = frontier_numbers(feasible_rows(complete), [x, y], list(directions))
         own = frontier_numbers(feasible_rows(complete), [x, y], list(directions), "methods") if per_method else None
     return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=table.param_columns,
-                           constraints=table.study.constraints)
+                           constraints=table.study.constraints, source=ctx.stores, title=f"{table.study.name}: {y} against {x}")
 
 
 def _notes(ctx: Context, data: FrontierData, failed: int, complete: int, logs: tuple[bool, bool]) -> None:
@@ -126,7 +127,8 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int, logs: t
     if data.reference.empty:
         parts.append("no trial of the unmodified model (method `none` in every stage) to show as reference")
     else:
-        parts.append(f"dashed lines: the unmodified model (trial {int(data.reference['number'].min())})")
+        parts.append(f"star and dashed lines: the unmodified model (trial {int(data.reference['number'].min())})")
+    parts.append("outlined markers: the Pareto frontier")
     for metric, log in zip((data.x, data.y), logs):
         hidden = int((data.points[metric] <= 0).sum()) if log else 0
         if hidden:
@@ -169,8 +171,8 @@ def _uncertainty_notes(data: FrontierData) -> list[str]:
         notes.append("error bars: 95 % interval of each quality number (ppl: bootstrap over windows; acc: ±1.96 standard errors)")
     tied = int((data.front["noise"] != "").sum()) if "noise" in data.front else 0
     if tied:
-        notes.append(f"crossed: {tied} frontier point(s) within noise of a neighbour (unpaired, from the logged intervals; "
-                     "`paretolab frontier` compares them paired)")
+        notes.append(f"{tied} frontier point(s) within noise of a neighbour (column `noise` below; paired on per-example "
+                     "scores where both trials have them, as `paretolab frontier` says it)")
     return notes
 
 
@@ -198,7 +200,7 @@ def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> No
 
 def _frontier_table(data: FrontierData) -> None:
     st.subheader("Frontier trials")
-    shown = data.front.drop(columns=["hover", "frontier"])
+    shown = frontier_table(data.front, data.shown, [c.removeprefix("param:") for c in data.params])
     st.dataframe(shown, hide_index=True, width="stretch")
     numbers = shown["number"].to_numpy()[:MAX_TRIAL_BUTTONS]
     if len(numbers):

@@ -11,6 +11,9 @@ from paretolab.dashboard import runs
 from paretolab.dashboard.context import Context
 from paretolab.dashboard.plots import parallel_coordinates
 from paretolab.dashboard.reproduce import reproduce_yaml
+from paretolab.dashboard.tables import compare_table, key_values
+from paretolab.plugin_api.numbers import axis_scale, axis_title
+from paretolab.plugin_api.numbers import number as number_text
 
 TRACEBACK = "traceback.txt"
 
@@ -48,15 +51,15 @@ def trial_page(ctx: Context) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Parameters")
-        st.dataframe(_kv(params or {"(none)": ""}), hide_index=True, width="stretch")
+        st.dataframe(key_values(params or {"(none)": ""}), hide_index=True, width="stretch")
         if detail and detail.params:
             with st.expander("all parameters as run (MLflow)"):
-                st.dataframe(_kv(detail.params), hide_index=True, width="stretch")
+                st.dataframe(key_values(detail.params), hide_index=True, width="stretch")
     with right:
         st.subheader("Metrics")
         metrics = dict(detail.metrics) if detail else {}
         shown = {**{k: v for k, v in metrics.items() if not k.startswith(("stage_s.", "stage_energy_j."))}, **{k: v for k, v in objectives.items() if pd.notna(v)}}
-        st.dataframe(_kv(shown or {"(none)": ""}), hide_index=True, width="stretch")
+        st.dataframe(key_values(shown or {"(none)": ""}, metrics=True), hide_index=True, width="stretch")
     stages = {k.removeprefix("stage_s."): v for k, v in (detail.metrics if detail else {}).items() if k.startswith("stage_s.")}
     if stages:
         st.subheader("Stage timings (s)")
@@ -90,13 +93,13 @@ def _energy_and_provenance(detail: runs.RunDetail) -> None:
     weights = detail.tags.get("paretolab.weights") or detail.params.get("info.weights")
     if weights:
         stored, fp16 = detail.params.get("info.base_stored_bytes"), detail.params.get("info.base_fp16_bytes")
-        sizes = f" (stored {float(stored) / 1e6:,.1f} MB; {float(fp16) / 1e6:,.1f} MB in fp16)" if stored and fp16 else ""
+        sizes = f" (stored {number_text(float(stored), 'bytes')}; {number_text(float(fp16), 'bytes')} in fp16)" if stored and fp16 else ""
         st.caption(f"Base model weights: {weights}{sizes}")
 
 
 def _tags_and_artifacts(ctx: Context, detail: runs.RunDetail) -> None:
     with st.expander("tags"):
-        st.dataframe(_kv({k: v for k, v in sorted(detail.tags.items()) if not k.startswith("mlflow.")}), hide_index=True, width="stretch")
+        st.dataframe(key_values({k: v for k, v in sorted(detail.tags.items()) if not k.startswith("mlflow.")}), hide_index=True, width="stretch")
     files = runs.list_artifacts(ctx.stores.tracking_uri, detail)
     if TRACEBACK in files:
         st.subheader("Traceback")
@@ -124,12 +127,16 @@ def compare_page(ctx: Context) -> None:
         return
     rows = frame[frame["number"].isin(chosen)].set_index("number").loc[chosen]
     fields = ["state", "methods", "simulated", *table.param_columns, *ctx.numeric_metrics(frame)]
-    side = rows[[f for f in fields if f in rows.columns]].rename(columns=lambda c: c.removeprefix("param:")).T
-    side.columns = [f"trial {n}" for n in chosen]
-    st.dataframe(side.astype(str).replace({"nan": "", "None": ""}), width="stretch")
+    st.dataframe(compare_table(rows, [f for f in fields if f in rows.columns], table.param_columns), width="stretch")
     if len(chosen) >= 2:
-        numeric = [c for c in [*table.param_columns, *ctx.numeric_metrics(frame)] if c in rows.columns and rows[c].notna().any()]
-        coords = rows[numeric].rename(columns=lambda c: c.removeprefix("param:")).reset_index()
+        # by default the study's objectives and its searched params only (every MLflow metric made ~30 unreadable axes);
+        # any other metric is the user's choice
+        others = [m for m in ctx.numeric_metrics(frame) if m not in metrics]
+        extra = st.multiselect("more metrics on the parallel coordinates", others, key="pc_metrics")
+        titles = {m: axis_title(m, ctx.direction(m)) for m in [*metrics, *extra]}
+        shown = [c for c in [*table.param_columns, *metrics, *extra] if c in rows.columns and rows[c].notna().any()]
+        coords = rows[shown].apply(lambda col: col / axis_scale(col.name) if col.name in titles else col)  # bytes drawn in MB, as titled
+        coords = coords.rename(columns=lambda c: titles.get(c, c.removeprefix("param:"))).reset_index()
         st.plotly_chart(parallel_coordinates(coords), key="parcoords", width="stretch")
 
 
@@ -144,14 +151,6 @@ def _run_detail(ctx: Context, run_id: str) -> runs.RunDetail | None:
 def _label(frame: pd.DataFrame, number: int) -> str:
     row = frame[frame["number"] == number].iloc[0]
     return f"{number} · {row['state'].lower()} · {row['methods']}"
-
-
-def _kv(values: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame({"name": list(values), "value": [_text(v) for v in values.values()]})
-
-
-def _text(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _present(value: Any) -> bool:

@@ -23,13 +23,16 @@ def source_from_flags(args: argparse.Namespace) -> Any:
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    widths = {c: max(len(c), *(len(cell_text(r.get(c))) for r in rows)) for c in columns}
+    widths = {c: max(len(c), *(len(cell_text(r.get(c), c)) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for r in rows:
-        print("  ".join(cell_text(r.get(c)).ljust(widths[c]) for c in columns))
+        print("  ".join(cell_text(r.get(c), c).ljust(widths[c]) for c in columns))
 
 
-def cell_text(value: Any) -> str:
+def cell_text(value: Any, column: str = "") -> str:
+    """A cell as every surface writes it (``paretolab.plugin_api.numbers``): a float in the unit of metric ``column``."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        from paretolab.plugin_api.numbers import metric_value
+
+        return metric_value(column, value)
     return "" if value is None else str(value)

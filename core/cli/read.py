@@ -11,8 +11,9 @@ from paretolab.cli.common import print_table, source_from_flags, stores_from_fla
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     from paretolab.results.read import frontier_rows, print_frontier, study_quality_note
+    from paretolab.results.source import source_of
 
-    stores = source_from_flags(args)
+    stores = source_of(source_from_flags(args))  # one source: the study is read once for its rows and its note
     rows = frontier_rows(args.study, stores)
     note = study_quality_note(args.study, stores)
     if args.json:

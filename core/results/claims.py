@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from paretolab.plugin_api.numbers import interval_text, metric_value, number, unit_of
 from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
 from paretolab.study.report_spec import Claim
@@ -113,7 +114,7 @@ def did_not_work(claim: Claim, group: Group) -> str | None:
     failing = [v for v in seen if not isinstance(v, (int, float)) or v < 1]
     if not failing:
         return None
-    shown = ", ".join("not reported" if not isinstance(v, (int, float)) else f"{v:.3g}" for v in failing)
+    shown = ", ".join("not reported" if not isinstance(v, (int, float)) else number(v) for v in failing)
     return f"no verdict: {claim.method} did not work here ({claim.works} = {shown}, below 1)"
 
 
@@ -174,7 +175,7 @@ def _margin(claim: Claim) -> str:
 def _difference(claim: Claim, est: Estimate, group: Group) -> str:
     log = claim.scale == "log"
     name = f"{claim.metric} {claim.method} {'÷' if log else '−'} {claim.baseline}"
-    show = (lambda v: f"×{math.exp(v):.4g}") if log else (lambda v: f"{v:+.4g}")
+    show = (lambda v: f"×{number(math.exp(v))}") if log else (lambda v: number(v, signed=True))
     span = f" [{show(est.low)}, {show(est.high)}]" if est.low is not None and est.high is not None and not est.zero_width else ""
     rests = f" (95 % interval: {est.rests_on()}{'; clipped to the metric’s range' if est.clipped else ''})" if span else ""
     if est.zero_width:
@@ -264,14 +265,14 @@ def value_claim_lines(claim: Claim, trials: list[dict[str, Any]]) -> list[str]:
         return [*lines, f"**Verdict: no verdict: no trial reported {claim.metric}**.", ""]
     spans = [_stored_interval(t, claim.metric) for t in rows]
     if any(s is None for s in spans):
-        where = ", ".join(f"{float(t[claim.metric]):.4g} (trial {t['trial']})" for t in rows)
+        where = ", ".join(f"{metric_value(claim.metric, float(t[claim.metric]))} (trial {t['trial']})" for t in rows)
         side = "inside" if all(low <= float(t[claim.metric]) <= high for t in rows) else "outside" \
             if not any(low <= float(t[claim.metric]) <= high for t in rows) else "partly inside"
         return [*lines, f"**Verdict: no verdict: point estimates, no interval** — {claim.metric} = {where}; {side} the band.", ""]
     judged = ["held" if low <= s[0] and s[1] <= high else "did not hold" if s[1] < low or s[0] > high else "inconclusive"
               for s in spans if s is not None]
     said = judged[0] if len(set(judged)) == 1 else "mixed"
-    listed = ", ".join(f"{float(t[claim.metric]):.4g} [{s[0]:.4g}, {s[1]:.4g}] (trial {t['trial']})" for t, s in zip(rows, spans) if s)
+    listed = ", ".join(f"{interval_text(float(t[claim.metric]), s[0], s[1], unit_of(claim.metric))} (trial {t['trial']})" for t, s in zip(rows, spans) if s)
     return [*lines, f"**Verdict: {said}** — {claim.metric} = {listed}; 95 % intervals as the trials stored them.", ""]
 
 

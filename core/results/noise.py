@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from paretolab.plugin_api.numbers import interval_text, number
 from paretolab.stats import (
     PairedDifference,
     interval,
@@ -75,16 +76,16 @@ def describe(d: PairedDifference) -> str:
     """``+0.012 [-0.004, +0.030] within noise`` (paired over n examples, or marked unpaired)."""
     how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s"
     verdict = "within noise" if d.within_noise else "beyond noise"
-    return f"{d.diff:+.4g} [{d.low:+.4g}, {d.high:+.4g}] {verdict} ({how})"
+    return f"{interval_text(d.diff, d.low, d.high, signed=True)} {verdict} ({how})"
 
 
 def with_interval(row: dict[str, Any], metric: str) -> str:
     value = float(row[metric])
     stderr = row.get(f"{metric}_stderr")
     if stderr is not None:
-        return f"{value:.4g} ± {float(stderr):.2g}"
+        return f"{number(value)} ± {number(float(stderr), digits=2)}"
     span = interval(row, metric)
-    return f"{value:.4g} [{span[0]:.4g}, {span[1]:.4g}]" if span else f"{value:.4g}"
+    return interval_text(value, span[0], span[1]) if span else number(value)
 
 
 def sample_size(row: dict[str, Any]) -> str:

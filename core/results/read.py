@@ -10,18 +10,20 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from paretolab.errors import ConfigError
-from paretolab.models import quality_note
+from paretolab.plugin_api.numbers import metric_value, params_text
 from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
 from paretolab.results.noise import QUALITY, mark_indistinguishable
 from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
 from paretolab.study.constraints import REASON
+from paretolab.study.attrs import QUALITY_NOTE
+
+if TYPE_CHECKING:
+    import optuna
 
 
 class FrontierRows(list):  # type: ignore[type-arg]
@@ -39,22 +41,24 @@ def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
     """The non-dominated feasible complete trials with their objective values and parameters (``feasible: true``),
     then the infeasible trials that the frontier would have without the constraints (``feasible: false`` and
     ``infeasible_because``). ``.constraints``: the study's bounds in words ([] without constraints)."""
-    study = load_study(name, stores)
-    objectives = study.user_attrs.get("objectives") or [[f"objective{i}", d.name.lower()] for i, d in enumerate(study.directions)]
+    study = source_of(stores).stored_study(name)
+    objectives = study.user_attrs.get("objectives") or [[f"objective{i}", d] for i, d in enumerate(study.directions)]
     directions = [d for _, d in objectives]
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    trials = study.complete
     ok = [t for t in trials if is_feasible(t.user_attrs)]
     front = [ok[i] for i in pareto_indices([t.values for t in ok], directions)]
     left_off = [trials[i] for i in pareto_indices([t.values for t in trials], directions) if not is_feasible(trials[i].user_attrs)]
     rows = FrontierRows(_frontier_row(t, objectives) for t in sorted(front, key=lambda t: t.values[0]))
-    _mark_noise(rows, [m for m, _ in objectives], stores)  # neighbours along the feasible frontier only
+    for row, noise in zip(rows, frontier_noise(rows, [m for m, _ in objectives], stores)):  # neighbours along the feasible frontier only
+        if noise is not None:
+            row["noise"] = noise
     rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: t.user_attrs.get(REASON) or "no reason recorded"}
                 for t in sorted(left_off, key=lambda t: t.values[0]))
     rows.constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
 
 
-def _frontier_row(trial: optuna.trial.FrozenTrial, objectives: list[list[str]]) -> dict[str, Any]:
+def _frontier_row(trial: Any, objectives: list[list[str]]) -> dict[str, Any]:
     row: dict[str, Any] = {"trial": trial.number}
     row.update({metric: value for (metric, _), value in zip(objectives, trial.values)})
     row["params"] = dict(trial.params)
@@ -65,23 +69,31 @@ def _frontier_row(trial: optuna.trial.FrozenTrial, objectives: list[list[str]]) 
 
 def study_quality_note(name: str, stores: Stores | Source) -> str:
     """The warning for a study whose model makes its quality numbers meaningless (tiny-llama), or ""."""
-    attrs = load_study(name, stores).user_attrs
+    attrs = source_of(stores).stored_study(name).user_attrs
+    if QUALITY_NOTE in attrs:  # recorded when the study was created: no plugin loaded to read it back
+        return str(attrs[QUALITY_NOTE])
+    from paretolab.models import quality_note  # an older study: ask the model registry (loads every plugin)
+
     return quality_note(str(attrs.get("model", "")), attrs.get("pipeline") or {})
 
 
-def _mark_noise(rows: list[dict[str, Any]], objectives: list[str], stores: Stores | Source) -> None:
-    """``row["noise"]``: frontier neighbours whose quality objective is within noise of this row's."""
-    quality = [m for m in objectives if m in QUALITY]
+def frontier_noise(rows: list[dict[str, Any]], metrics: list[str], stores: Stores | Source) -> list[str | None]:
+    """The one "within noise" of every surface (``frontier``, the dashboard's frontier): for frontier rows sorted along
+    it (each with ``trial``, ``mlflow_run_id`` and its values), the neighbours whose quality metric is within noise of
+    the row's, e.g. ``ppl ≈ trial 3``. Paired on the runs' per-example scores where both have them, else unpaired on the
+    intervals the runs logged (read from the source, whatever columns the caller holds). None per row when no metric
+    is a quality metric or there is no neighbour."""
+    quality = [m for m in metrics if m in QUALITY]
     if not quality or len(rows) < 2:
-        return
+        return [None] * len(rows)
     source = source_of(stores)
     views = []
-    for row in rows:  # the logged intervals, for trials without per-example scores
-        logged = source.run_metrics(row["mlflow_run_id"])
-        views.append({**logged, **{k: v for k, v in row.items() if k != "params"}, "run_id": row["mlflow_run_id"]})
+    for row in rows:
+        logged = source.run_metrics(str(row.get("mlflow_run_id") or ""))
+        plain = {k: v for k, v in row.items() if k in ("trial", *quality)}
+        views.append({**logged, **plain, "run_id": str(row.get("mlflow_run_id") or "")})
     mark_indistinguishable(views, quality, source.per_example())
-    for row, view in zip(rows, views):
-        row["noise"] = view["noise"]
+    return [view["noise"] for view in views]
 
 
 def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
@@ -107,7 +119,7 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
 def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: str = "") -> None:
     metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON)]
     header = ["trial", *metrics, *extra, "params"]
-    lines = [[f"{r['trial']}{mark}", *(short_number(r[m]) for m in metrics), *cells(r), _params(r["params"])] for r in rows]
+    lines = [[f"{r['trial']}{mark}", *(metric_value(m, r[m]) for m in metrics), *cells(r), _params(r["params"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
@@ -115,6 +127,8 @@ def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: 
 
 
 def study_summaries(stores: Stores) -> list[dict[str, Any]]:
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not exists(stores.optuna_url):
         return []  # nothing has run with these stores: nothing to list, and nothing is created
@@ -140,6 +154,8 @@ def study_summaries(stores: Stores) -> list[dict[str, Any]]:
 
 def failure_reasons(trials: Iterable[optuna.trial.FrozenTrial]) -> list[tuple[str, int]]:
     """(reason, count) over the failed trials, most frequent first; a reason is the first line the driver recorded."""
+    import optuna
+
     reasons = Counter(
         ((t.user_attrs.get("fail_reason") or "").strip().splitlines() or ["no reason recorded"])[0][:200]
         for t in trials
@@ -156,19 +172,15 @@ def print_failures(name: str, reasons: list[tuple[str, int]]) -> None:
             print(f"  {count:>4} x {reason}")
 
 
-def short_number(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
-    return str(value)
-
-
 def _params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={short_number(v)}" for k, v in params.items())
+    return params_text(params)
 
 
 def trial_table(name: str, stores: Stores | Source) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
     """(objectives, rows): every complete trial with its method label, all MLflow metrics, and its verdict
     (``feasible``, ``infeasible_because``: "" when feasible) under the study's constraints."""
+    import optuna
+
     source = source_of(stores)
     study = source.study(name)
     objectives = [tuple(o) for o in study.user_attrs.get("objectives", [])]

@@ -14,6 +14,7 @@ import optuna
 
 from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
+from paretolab.plugin_api.numbers import metric_value, number, param_value
 from paretolab.results.claims import claims_lines, trial_label
 from paretolab.results.frontier import CONSTRAINTS, frontier_lines
 from paretolab.results.noise import QUALITY, quality_cells
@@ -21,7 +22,6 @@ from paretolab.results.replicates import baseline_finder, named_params, report_r
 from paretolab.results.read import (
     load_study,
     per_method,
-    short_number,
     study_quality_note,
     trial_table,
 )
@@ -233,7 +233,7 @@ def _provenance(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     if params:
         stored, fp16 = _float(params.get("info.base_stored_bytes")), _float(params.get("info.base_fp16_bytes"))
-        sizes = f"; stored {stored / 1e6:,.1f} MB, {fp16 / 1e6:,.1f} MB in fp16" if stored and fp16 else ""
+        sizes = f"; stored {number(stored, 'bytes')}, {number(fp16, 'bytes')} in fp16" if stored and fp16 else ""
         lines.append(f"Base weights: **{params['info.weights']}**{sizes}. Sizes are given against both "
                      "(`size ÷ stored base`, `size ÷ fp16 base`), never against the fp32 they are computed in.")
     sources = sorted({r.get("run_params", {}).get(ENERGY_SOURCE, "") for r in rows} - {""})
@@ -260,8 +260,8 @@ def _base_timings(rows: list[dict[str, Any]]) -> list[str]:
             continue
         median = statistics.median(values)
         lines.append(
-            f"The unmodified model, timed beside each of {len(values)} trials ({label}, `{metric}`): median {_cell(median)}, "
-            f"range {_cell(values[0])}–{_cell(values[-1])} (max ÷ min {values[-1] / values[0]:.2f}); "
+            f"The unmodified model, timed beside each of {len(values)} trials ({label}, `{metric}`): median {_cell(median, metric)}, "
+            f"range {_cell(values[0], metric)}–{_cell(values[-1], metric)} (max ÷ min {number(values[-1] / values[0])}); "
             "the speedup columns divide each trial's time by the one taken beside it."
         )
     return [*lines, ""] if lines else []
@@ -289,12 +289,12 @@ def _marks(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
         for column, iqr in TIMINGS.items():
             value, spread = r.get(column), r.get(iqr)
             if column in columns and isinstance(value, float) and isinstance(spread, float) and value and spread / abs(value) > NOISY_SPREAD:
-                r[column] = f"{_cell(value)} †"
+                r[column] = f"{_cell(value, column)} †"
                 noisy = True
         if r.get("run_params", {}).get(ENERGY_SOURCE) == "estimate":
             for column in columns:
                 if is_energy_metric(column) and isinstance(r.get(column), float):
-                    r[column] = f"≈{_cell(r[column])}"
+                    r[column] = f"≈{_cell(r[column], column)}"
                     estimated = True
     notes = []
     if noisy:
@@ -348,13 +348,14 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A GitHub-flavoured Markdown table; numbers to 4 significant digits."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(_cell(row.get(c), c) for c in columns) + " |")
     return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str = "") -> str:
+    """A table cell: a float as the metric ``column`` is written everywhere (``plugin_api.numbers``), params as k=v."""
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        return metric_value(column, value)
     if isinstance(value, dict):
-        return ", ".join(f"{k.split('.', 1)[-1]}={short_number(v)}" for k, v in value.items() if not k.endswith(".method"))
+        return ", ".join(f"{k.split('.', 1)[-1]}={param_value(v)}" for k, v in value.items() if not k.endswith(".method"))
     return "" if value is None else str(value)

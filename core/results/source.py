@@ -53,6 +53,19 @@ class _Readers:
     def curves(self) -> Callable[[str], Any]:
         return _curves(self)
 
+    def study(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def stored_study(self, name: str) -> Any:
+        """The study's attributes, directions and complete trials (``stores.optuna_sqlite.StoredStudy``'s shape)."""
+        import optuna
+
+        from paretolab.stores.optuna_sqlite import StoredStudy
+
+        study = self.study(name)
+        trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        return StoredStudy(name, dict(study.user_attrs), [d.name.lower() for d in study.directions], trials)
+
 
 class StoreSource(_Readers):
     """The stores a study ran with (read only: a missing store is an error, never created)."""
@@ -63,6 +76,15 @@ class StoreSource(_Readers):
     def __init__(self, stores: Stores) -> None:
         self.stores = stores
         self._client: Any = None
+        self._stored: dict[str, Any] = {}
+
+    def stored_study(self, name: str) -> Any:
+        """From a SQLite store, read with the standard library (no Optuna import: `frontier`'s fast path); else Optuna."""
+        if name not in self._stored:
+            from paretolab.stores.optuna_sqlite import read_study
+
+            self._stored[name] = read_study(self.stores.optuna_url, name) or super().stored_study(name)
+        return self._stored[name]
 
     def study(self, name: str) -> Any:
         import optuna
@@ -104,6 +126,11 @@ class StoreSource(_Readers):
         return {int(run.data.tags["paretolab.trial_number"]): run for run in runs}
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
+        from paretolab.stores import mlflow_sqlite
+
+        read = mlflow_sqlite.run_metrics(self.stores.tracking_uri, run_id) if run_id else None  # SQLite: no MLflow import
+        if read is not None:
+            return read
         try:
             return dict(self.client().get_run(run_id).data.metrics) if run_id else {}
         except Exception:  # noqa: BLE001 - a run that is gone: no logged intervals
@@ -112,6 +139,12 @@ class StoreSource(_Readers):
     def artifact(self, run_id: str, name: str) -> bytes | None:
         if not run_id:
             return None
+        from paretolab.stores import mlflow_sqlite
+
+        folder = mlflow_sqlite.artifact_dir(self.stores.tracking_uri, run_id)  # a local artifact root: read from disk
+        if folder is not None:
+            target = folder / name
+            return target.read_bytes() if target.is_file() else None
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 return Path(self.client().download_artifacts(run_id, name, tmp)).read_bytes()

@@ -14,6 +14,7 @@ import optuna
 from paretolab.errors import ConfigError
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import guarded, optuna_storage
+from paretolab.study.attrs import QUALITY_NOTE
 from paretolab.study.constraints import STUDY_ATTR, keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.proposer import held_params, params_key
 from paretolab.study.spec import StudySpec
@@ -41,6 +42,9 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
         study.set_user_attr("pipeline_hash", spec.pipeline_hash())
         study.set_user_attr("objectives", [[o.metric, o.direction] for o in spec.objectives])
         study.set_user_attr("model", spec.model)
+        from paretolab.models import quality_note
+
+        study.set_user_attr(QUALITY_NOTE, quality_note(spec.model, spec.raw))
         study.set_user_attr("methods", spec.methods())
         study.set_user_attr("pipeline", spec.raw)
         study.set_user_attr(STUDY_ATTR, [c.describe() for c in spec.constraints])

@@ -96,17 +96,17 @@ def test_frontier_shows_trials_frontier_reference_and_simulated_marks(store_env)
     assert csv is not None
 
 
-def test_frontier_draws_error_bars_and_crosses_points_within_noise(store_env):
+def test_frontier_draws_error_bars_in_the_methods_colour_and_names_points_within_noise(store_env):
     at = open_app("Frontier", "demo")
     fig = figure(at)
     rtn = next(t for t in fig["data"] if t.get("name") == "rtn")
     # each point's ppl interval (±5 % in the fixture) as asymmetric error bars on the ppl axis (y here: x is size_bytes)
-    axis = "error_x" if fig["layout"]["xaxis"]["title"]["text"] == "ppl" else "error_y"
+    axis = "error_x" if fig["layout"]["xaxis"]["title"]["text"] == "ppl ↓" else "error_y"
     ppl = rtn["x"] if axis == "error_x" else rtn["y"]
     assert rtn[axis]["array"] == pytest.approx([0.05 * v for v in ppl]) and rtn[axis]["arrayminus"] == pytest.approx([0.05 * v for v in ppl])
+    assert rtn[axis]["color"] == rtn["marker"]["color"], "error bars in the method's colour, not black"
+    assert not any(t.get("name") == "within noise of a neighbour" for t in fig["data"]), "no red crosses over the method's marker"
     # trials 0 (ppl 20.0 [19, 21]) and 3 (20.2 [19.19, 21.21]) are neighbours on the frontier and within noise
-    tied = next(t for t in fig["data"] if t.get("name") == "within noise of a neighbour")
-    assert sorted(tied["customdata"]) == [0, 3]
     table = frame_of(at).set_index("number")
     assert table.loc[0, "noise"] == "ppl ≈ trial 3" and table.loc[4, "noise"] == ""
     assert "error bars" in texts(at)
@@ -178,9 +178,15 @@ def test_compare_side_by_side_and_parallel_coordinates(store_env):
     side = frame_of(at)
     assert list(side.columns) == ["trial 3", "trial 7"]
     assert side.loc["methods"].tolist() == ["rtn", "magnitude+rtn"]
-    assert side.loc["ppl"].tolist() == ["20.2", "40.0"]
+    assert side.loc["ppl"].tolist() == ["20.2", "40"]  # the one number formatter: no float noise, no trailing .0
     fig = figure(at)
     assert fig["data"][0]["type"] == "parcoords"
+    axes = [d["label"] for d in fig["data"][0]["dimensions"]]
+    # the searched params and the objectives (unit and direction), not every MLflow metric
+    assert axes == ["magnitude.sparsity", "rtn.bits", "stage0.method", "stage1.method", "ppl ↓", "size [MB] ↓"], axes
+    assert fig["data"][0]["dimensions"][-1]["values"] == [0.11, 0.059], "sizes drawn in the MB the title names"
+    at.multiselect(key="pc_metrics").set_value(["prefill_ms"]).run()
+    assert [d["label"] for d in figure(at)["data"][0]["dimensions"]][-1] == "prefill_ms [ms] ↓", "another metric when the user asks"
 
 
 def test_methods_page_lists_the_registry(store_env):
@@ -233,7 +239,7 @@ def test_energy_per_stage_and_provenance_with_estimates_marked(store_env):
     at = open_app("Trial", "demo", trial=4)
     shown = texts(at)
     assert "Energy per stage (J, estimate) — an estimate: CPU seconds × watts per core" in shown
-    assert "Base model weights: random init (stored 0.4 MB; 0.2 MB in fp16)" in shown
+    assert "Base model weights: random init (stored 400 kB; 200 kB in fp16)" in shown
     frontier = open_app("Frontier", "demo")
     assert "base weights: random init" in texts(frontier)
     frontier.selectbox(key="fz").set_value("energy_j").run()

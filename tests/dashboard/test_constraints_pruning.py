@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from paretolab.dashboard import data
-from paretolab.dashboard.plots import frontier_image, frontier_points
+from paretolab.dashboard.plots import frontier_points
+from paretolab.dashboard.static_plot import frontier_image
 from paretolab.stores import resolve_stores
 from tests.dashboard.conftest import CURVE_POINTS, INFEASIBLE_DOMINATING, PRUNED_STEP, PRUNED_TRIAL, curve_loss
 from tests.dashboard.test_app import figure, frame_of, open_app, texts

@@ -11,7 +11,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import create_trial
 
 from paretolab.dashboard import data, runs
-from paretolab.dashboard.plots import frontier_image, frontier_points
+from paretolab.dashboard.plots import frontier_points
+from paretolab.dashboard.static_plot import frontier_image
 from paretolab.dashboard.reproduce import reproduce_pipeline
 from paretolab.stores import resolve_stores
 

@@ -7,11 +7,10 @@ import pytest
 from paretolab.dashboard import data
 from paretolab.dashboard.plots import (
     frontier_figure,
-    frontier_image,
     frontier_points,
-    static_figure,
     wants_log,
 )
+from paretolab.dashboard.static_plot import frontier_image, static_figure
 from paretolab.stores import resolve_stores
 
 from .conftest import WIDE_FRONTIER
@@ -46,11 +45,12 @@ def test_figure_picks_log_for_the_wide_axis_and_draws_the_unmodified_model_on_bo
     lines = {s.name: s for s in fig.layout.shapes}
     x_line, y_line = lines["unmodified model: ppl"], lines["unmodified model: size_bytes"]
     assert (x_line.x0, x_line.x1, x_line.yref, x_line.line.dash) == (15.0, 15.0, "paper", "dash")  # trial 0's ppl, full height
-    assert (y_line.y0, y_line.y1, y_line.xref, y_line.line.dash) == (400_000.0, 400_000.0, "paper", "dash")
+    assert (y_line.y0, y_line.y1, y_line.xref, y_line.line.dash) == (0.4, 0.4, "paper", "dash")  # 400,000 bytes drawn in MB
     labels = [a for a in fig.layout.annotations if a.text.startswith("unmodified model")]
-    assert len(labels) == 2
-    on_x = next(a for a in labels if a.xref == "x")
-    assert on_x.x == pytest.approx(1.1760913), "an annotation on a log axis sits at log10 of the value"
+    assert len(labels) == 1, "one label for the unmodified model, beside its star"
+    assert labels[0].x == pytest.approx(1.1760913), "an annotation on a log axis sits at log10 of the value"
+    assert labels[0].y == pytest.approx(0.4)
+    assert (fig.layout.xaxis.title.text, fig.layout.yaxis.title.text) == ("ppl ↓", "size [MB] ↓")
 
 
 def test_image_export_uses_the_same_rule_and_lines(wide_home):
@@ -59,8 +59,15 @@ def test_image_export_uses_the_same_rule_and_lines(wide_home):
     assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
     lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
     assert list(lines["unmodified-model-x"].get_xdata()) == [15.0, 15.0] and lines["unmodified-model-x"].get_linestyle() == "--"
-    assert list(lines["unmodified-model-y"].get_ydata()) == [400_000.0, 400_000.0]
+    assert list(lines["unmodified-model-y"].get_ydata()) == [0.4, 0.4]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("ppl ↓", "size [MB] ↓"), "the download's axis titles are the page's"
+    assert not ax.yaxis.get_offset_text().get_text(), "no 1e8-style offset above an axis"
     assert static_figure(plot, log_x=False).axes[0].get_xscale() == "linear"
+    # the download is the page: the same legend entries (only what is drawn) and the same tick labels on the log axis
+    page = frontier_figure(plot)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [t.name for t in page.data if t.showlegend is not False]
+    ticks = [ax.xaxis.get_major_formatter()(v) for v in ax.xaxis.get_major_locator()()]
+    assert ticks == list(page.layout.xaxis.ticktext) == ["10", "100", "1000", "10000", "100000", "1M", "10M", "100M"]
     svg = frontier_image(plot, "svg").decode()
     assert 'id="unmodified-model-x"' in svg and 'id="unmodified-model-y"' in svg
 
@@ -69,7 +76,7 @@ def test_page_defaults_to_log_x_and_keeps_a_flip_per_study_and_metric(wide_env):
     at = open_app("Frontier", "wide")
     assert at.toggle(key="flogx").value is True and at.toggle(key="flogy").value is False
     assert figure(at)["layout"]["xaxis"]["type"] == "log"
-    assert "dashed lines: the unmodified model (trial 0)" in texts(at)
+    assert "star and dashed lines: the unmodified model (trial 0)" in texts(at)
     at.toggle(key="flogx").set_value(False).run()
     assert figure(at)["layout"]["xaxis"]["type"] == "linear"
     at.selectbox(key="fx").set_value("prefill_ms").run()  # another metric on x: its own default (10..18 ms: linear)

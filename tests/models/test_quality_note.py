@@ -35,3 +35,20 @@ def test_a_pipeline_that_trains_its_random_init_model_gets_no_warning():
     assert trains(trained) and trains(chosen) and not trains(untrained) and not trains({})
     assert quality_note("tiny-llama", trained) == ""
     assert quality_note("tiny-llama", untrained).startswith(NOTE)
+
+
+def test_the_note_is_recorded_when_a_study_is_created_and_frontier_reads_it_back(tmp_path):
+    """`frontier` loads no plugin to say it: the study carries the note `run` worked out (tiny-llama: random weights)."""
+    from paretolab.study.optuna_study import open_study
+    from paretolab.study.spec import parse_spec
+
+    stores = resolve_stores(home=str(tmp_path / "home"))
+    pipeline = {"name": "noted", "model": "tiny-llama", "task": {"name": "perplexity", "corpus": "pydoc", "max_tokens": 256},
+                "stages": [{"method": "rtn", "params": {"bits": [4, 8]}}],
+                "objectives": [{"metric": "ppl", "direction": "minimize"}, {"metric": "size_bytes", "direction": "minimize"}]}
+    study = open_study(parse_spec(pipeline), stores, resume=False)
+    assert study.user_attrs["quality_note"].startswith(NOTE)
+    study.set_user_attr("quality_note", "recorded, not recomputed")
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, values=[20.0, 1000.0]))
+    frontier = cli_here("frontier", "noted", "--home", str(tmp_path / "home"), cwd=tmp_path)
+    assert "warning: recorded, not recomputed" in frontier.stdout

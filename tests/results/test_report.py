@@ -40,7 +40,7 @@ def test_report_gives_provenance_size_against_stored_and_fp16_and_marks_noise_an
     ]
     monkeypatch.setattr(section, "trial_table", lambda name, s: ([("ppl", "minimize"), ("prefill_speedup", "maximize")], rows))
     text = section.study_section("decode", stores, ["size_bytes", "energy_j"], frontier=False)
-    assert "Base weights: **gguf:Q4_1 dequantized**; stored 96.6 MB, 269.0 MB in fp16" in text
+    assert "Base weights: **gguf:Q4_1 dequantized**; stored 96.58 MB, 269 MB in fp16" in text
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| method"))
     assert "| size_bytes | size ÷ stored base | size ÷ fp16 base | energy_j |" in header
@@ -51,7 +51,7 @@ def test_report_gives_provenance_size_against_stored_and_fp16_and_marks_noise_an
     assert "†" not in none
     assert "† spread too large to rank" in text and "≈ energy estimated" in text
     # the dense model's own time moved 2.5x between the two trials: the reader is told, and why ratios lead
-    assert "timed beside each of 2 trials (prefill, `base_prefill_ms`): median 1,750, range 1,000–2,500 (max ÷ min 2.50)" in text
+    assert "timed beside each of 2 trials (prefill, `base_prefill_ms`): median 1750, range 1000–2500 (max ÷ min 2.5)" in text
 
 
 def _stored_study(tmp_path, trials):

@@ -1,0 +1,162 @@
+"""The one way paretolab writes a number: dashboard tables and hovers, CLI tables, the report and the results documents.
+
+Rules (``DIGITS`` = 4 significant digits):
+
+- a metric in ``bytes`` is scaled to B / kB / MB / GB / TB (powers of 1000): ``538,060,032`` -> ``538.1 MB``;
+- a whole number below a million is written exactly: ``318316``, ``8`` (also ``8.0``); no thousands separators
+  anywhere (a comma separates values in labels such as ``rtn[bits=8,group_size=128]`` and in CSV);
+- a number from a million up carries a suffix: ``4,525,265.07`` -> ``4.525M``, ``1.73106e8`` -> ``173.1M``, then
+  ``G`` and ``T``; beyond that, scientific (``1.2e+15``);
+- anything else keeps 4 significant digits without float noise: ``0.5675410179622814`` -> ``0.5675``,
+  ``14.21625090642673`` -> ``14.22``; from 1000 up, the integer part (``12346``); below 1e-4,
+  scientific (``1.234e-05``);
+- ``None`` and NaN are blank; text and booleans are written as they are.
+
+A metric's unit comes from the metric registry (:func:`unit_of`); axis titles and column headers say it with its
+direction (:func:`axis_title`: ``size [MB] ↓``, ``ppl ↓``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+DIGITS = 4
+BYTE_STEPS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+LARGE_STEPS = (("T", 1e12), ("G", 1e9), ("M", 1e6))
+ARROWS = {"minimize": "↓", "maximize": "↑"}
+UNITLESS = ("", "ratio", "x", "flag", "score", "fraction", "accuracy")  # units an axis title leaves out (``ppl ↓``, not ``ppl [] ↓``)
+
+
+def number(value: Any, unit: str = "", *, signed: bool = False, digits: int = DIGITS) -> str:
+    """``value`` as text by the rules above; ``unit="bytes"`` scales it and says the scaled unit; ``signed`` writes a ``+``;
+    ``digits`` only for a spread (a standard error is written to 2: ``0.4575 ± 0.025``)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        return str(value)
+    x = float(value)
+    if math.isnan(x):
+        return ""
+    if math.isinf(x):
+        return ("+" if signed and x > 0 else "") + ("∞" if x > 0 else "-∞")
+    sign = "+" if signed and x >= 0 else ""
+    if unit == "bytes":
+        for name, step in BYTE_STEPS:
+            if abs(x) >= step:
+                return f"{sign}{_significant(x / step, digits)} {name}"
+        return f"{sign}{_plain(x, digits)} B"
+    return sign + _plain(x, digits)
+
+
+def _plain(x: float, digits: int = DIGITS) -> str:
+    magnitude = abs(x)
+    if magnitude >= 1e15:
+        return _strip(f"{x:.{digits - 1}e}")
+    for name, step in LARGE_STEPS:
+        if magnitude >= step:
+            return f"{_significant(x / step, digits)}{name}"
+    if x == int(x):
+        return f"{int(x)}"
+    if magnitude >= 1000:
+        return f"{x:.0f}"
+    if magnitude < 1e-4:
+        return _strip(f"{x:.{digits - 1}e}")
+    return _significant(x, digits)
+
+
+def _significant(x: float, digits: int = DIGITS) -> str:
+    """``DIGITS`` significant digits, never scientific in [1e-4, 1e4), no trailing zeros: 0.5675, 14.22, 538.1, 1.5."""
+    if x == 0:
+        return "0"
+    decimals = max(digits - 1 - math.floor(math.log10(abs(x))), 0)
+    text = f"{x:.{decimals}f}"
+    if abs(float(text)) >= 1000:  # from 1000 up (999.96 rounds there too): the integer part
+        return f"{x:.0f}"
+    return _strip(text)
+
+
+def _strip(text: str) -> str:
+    """No trailing zeros after a decimal point (``1.500`` -> ``1.5``, ``2.000e-05`` -> ``2e-05``)."""
+    mantissa, e, exponent = text.partition("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return mantissa + e + exponent
+
+
+def metric_value(name: str, value: Any, *, signed: bool = False) -> str:
+    """A metric's value in its registered unit: ``metric_value("size_bytes", 4525265.07)`` -> ``4.525 MB``."""
+    return number(value, unit_of(name), signed=signed)
+
+
+def param_value(value: Any) -> str:
+    """A parameter's value: numbers by :func:`number` (``0.5675``, ``128``), also when they come as text (MLflow keeps
+    params as strings: ``"0.5675410179622814"`` -> ``0.5675``); other text as it is."""
+    if isinstance(value, str):
+        try:
+            parsed = float(value)
+        except ValueError:
+            return value
+        return number(parsed) if math.isfinite(parsed) and value.strip() == value and value else value
+    return number(value)
+
+
+def params_text(params: Mapping[str, Any], *, sep: str = " ") -> str:
+    """``sparsity=0.5675 scope=row``: names without their stage prefix where the caller already stripped it."""
+    return sep.join(f"{k}={param_value(v)}" for k, v in params.items())
+
+
+def interval_text(value: Any, low: Any, high: Any, unit: str = "", *, signed: bool = False) -> str:
+    """``23.4 [22.1, 24.9]``: a value and its 95 % interval, all by :func:`number`."""
+    return f"{number(value, unit, signed=signed)} [{number(low, unit, signed=signed)}, {number(high, unit, signed=signed)}]"
+
+
+def axis_title(name: str, direction: str | None = None, unit: str | None = None) -> str:
+    """An axis title or column header: the metric, its unit as drawn and its better direction: ``ppl ↓``,
+    ``size [MB] ↓`` (bytes are drawn in MB: see :func:`axis_scale`), ``decode_tok_s [tokens/s] ↑``."""
+    unit = unit_of(name) if unit is None else unit
+    label = name.removesuffix("_bytes") if unit == "bytes" else name
+    shown = "MB" if unit == "bytes" else "" if unit in UNITLESS else unit
+    arrow = ARROWS.get(direction or "", "")
+    return " ".join(p for p in (label, f"[{shown}]" if shown else "", arrow) if p)
+
+
+def axis_scale(name: str, unit: str | None = None) -> float:
+    """What an axis divides a metric's values by to draw them in the unit :func:`axis_title` names (bytes -> MB)."""
+    unit = unit_of(name) if unit is None else unit
+    return 1e6 if unit == "bytes" else 1.0
+
+
+def unit_of(name: str) -> str:
+    """The registered unit of metric ``name`` ("" when none is registered).
+
+    The core's own metrics are answered from their definitions without loading any plugin (the CLI's fast
+    path); any other name asks the full metric registry, built once per process.
+    """
+    builtin = _builtin_units()
+    if name in builtin:
+        return builtin[name]
+    return _registry_units().get(name, "")
+
+
+def units_of(names: Iterable[str]) -> dict[str, str]:
+    return {n: unit_of(n) for n in names}
+
+
+@lru_cache(maxsize=1)
+def _builtin_units() -> dict[str, str]:
+    from paretolab.plugin_api.metrics import BUILTIN_METRICS
+
+    return {m.name: m.unit for m in BUILTIN_METRICS}
+
+
+@lru_cache(maxsize=1)
+def _registry_units() -> dict[str, str]:
+    from paretolab.plugin_api.manager import registries
+
+    try:
+        return {m.name: m.unit for m in registries().metrics}
+    except Exception:  # noqa: BLE001 - a broken plugin must not stop a number from being written; `paretolab plugins` names it
+        return {}
