@@ -73,9 +73,13 @@ def quality_cells(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, A
 
 
 def describe(d: PairedDifference) -> str:
-    """``+0.012 [-0.004, +0.030] within noise`` (paired over n examples, or marked unpaired)."""
+    """``+0.012 [-0.004, +0.030] within noise`` (paired over n examples, or marked unpaired).
+
+    A zero-width interval (the two trials score alike on every example) is "no variation observed": it is neither
+    within nor beyond a noise that was not seen.
+    """
     how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s"
-    verdict = "within noise" if d.within_noise else "beyond noise"
+    verdict = "no variation observed" if d.low == d.high else "within noise" if d.within_noise else "beyond noise"
     return f"{interval_text(d.diff, d.low, d.high, signed=True)} {verdict} ({how})"
 
 

@@ -61,6 +61,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         + f"; {len(rows)} complete trial(s), {failed} failed" + _why_failed(study) + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
         "",
         *_ran(name, stores, study),
+        *_time_capped(stores.trial_runs(name)),
         *_provenance(rows),
         *_trained_base(stores.trained_base(str(study.user_attrs.get("model", "")))),
     ]
@@ -135,6 +136,20 @@ def _ran(name: str, source: Source, study: optuna.Study) -> list[str]:
     load = prov["load_1m"]
     busy = f" (1-min load average median {load['median']:.1f}, max {load['max']:.1f})" if load else ""
     return [f"Ran {prov['trials_from'][:16].replace('T', ' ')} – {prov['trials_to'][:16].replace('T', ' ')} UTC with paretolab {code} on {machine}{busy}.", ""]
+
+
+def _time_capped(runs: dict[int, Any]) -> list[str]:
+    """Trials whose training stopped on the wall clock (``max_minutes``, the trial timeout) before its token or FLOP budget.
+
+    Their training is as long as the machine was fast, so a comparison with them rests on the machine and its load.
+    """
+    capped = sorted(n for n, run in runs.items() if run.data.params.get("info.train_stopped_by") in ("max_minutes", "trial_timeout"))
+    if not capped:
+        return []
+    return [f"> **Stopped by the clock:** trial(s) {', '.join(map(str, capped))} of {len(runs)} ended their training on "
+            "`max_minutes` or the trial timeout before their token budget (see `train_tokens`): they trained less than "
+            "asked, by as much as the machine was slow or busy, and comparisons with them rest on it. Rerun on an idle "
+            "machine or raise `max_minutes`.", ""]
 
 
 def _why_failed(study: optuna.Study) -> str:

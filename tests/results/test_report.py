@@ -189,3 +189,25 @@ def test_a_run_ends_with_its_claims_verdicts_in_plain_lines(tmp_path):
     assert lines[0] == "Claim: rtn raises acc"
     assert lines[1].startswith("Verdict: held — acc rtn − none = +0.1")
     assert all("**" not in line for line in lines)
+
+
+def test_a_difference_that_is_the_same_on_every_example_says_no_variation_observed():
+    """Two trials that score 0 on all 256 problems differ by +0 [+0, +0]: no noise was seen, so no noise verdict."""
+    from paretolab.results.noise import describe
+    from paretolab.stats import PairedDifference
+
+    assert describe(PairedDifference(0.0, 0.0, 0.0, 256, "example")) == "+0 [+0, +0] no variation observed (paired, 256 examples)"
+    assert describe(PairedDifference(0.01, -0.002, 0.02, 256, "example")).endswith("within noise (paired, 256 examples)")
+    assert describe(PairedDifference(0.05, 0.03, 0.07, 256, "example")).endswith("beyond noise (paired, 256 examples)")
+
+
+def test_a_section_says_which_trials_training_the_clock_cut_short():
+    """A trial whose train stage stopped on max_minutes trained less than asked: the section names it, not only a number."""
+    from types import SimpleNamespace
+
+    def run(stopped_by: str) -> SimpleNamespace:
+        return SimpleNamespace(data=SimpleNamespace(params={"info.train_stopped_by": stopped_by}))
+
+    lines = section._time_capped({0: run("max_minutes"), 1: run("tokens"), 2: run("trial_timeout"), 3: run("flops")})
+    assert lines[0].startswith("> **Stopped by the clock:** trial(s) 0, 2 of 4 ended their training on `max_minutes`")
+    assert section._time_capped({1: run("tokens"), 3: run("flops")}) == []
