@@ -18,6 +18,7 @@ import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.measure.engine_llama import EngineUnavailable, LlamaEngine
+from paretolab.measure.engine_formats import compressed_checkpoint
 from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, exact_bits, served_label, weight_kinds
 from paretolab.measure.engine_server import EngineStartError, group_alive
 from paretolab.plugin_api.options import parse_options
@@ -117,6 +118,61 @@ def test_measure_refused_start_gives_the_engines_message_and_leaves_nothing(tiny
     with pytest.raises(EngineStartError, match="exited with code 1 .*unknown tensor type"):
         Engine().measure(tiny, options, ctx)
     _no_server_left(fake_llama)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch) -> Path:
+    """A fake ``vllm.entrypoints.openai.api_server`` that, as vLLM's CPU build does for int8 weights, refuses a
+    compressed-tensors checkpoint with vLLM's own exception, and serves a dense directory (the fake OpenAI server).
+    Returns the file each start appends ``pid model`` to."""
+    starts = tmp_path / "vllm-starts"
+    pkg = tmp_path / "fakevllm" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(
+        "import json, os, pathlib, runpy, sys\n"
+        "a = sys.argv[1:]\n"
+        "model, port = a[a.index('--model') + 1], a[a.index('--port') + 1]\n"
+        f"open({str(starts)!r}, 'a').write(f'{{os.getpid()}} {{model}}\\n')\n"
+        "if 'quantization_config' in json.loads((pathlib.Path(model) / 'config.json').read_text()):\n"
+        "    print('(Worker pid=7) ERROR 12-06 04:35:34 [multiproc_executor.py:953] ValueError: Failed to find a kernel that can implement the WNA16 linear layer. Reasons: ')\n"
+        "    print('(Worker pid=7) ERROR 12-06 04:35:34 [multiproc_executor.py:953]  CPUWNA16LinearKernel cannot implement due to: Quant type (uint8b128) not supported by CPUWNA16')\n"
+        "    print('RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}'); sys.exit(1)\n"
+        f"sys.argv = ['fake', '--port', port, '--ttft', '0.02', '--itl', '0.005']\n"
+        f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
+    monkeypatch.setenv("PARETOLAB_VLLM_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg.parent.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    return starts
+
+
+def test_vllm_refusing_the_compressed_checkpoint_is_recorded_and_the_dense_twin_served(tiny, ctx, fake_vllm) -> None:
+    q = RTN().transform(tiny.copy(), {"bits": 8, "group_size": 32}, ctx)
+    options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1], "prompts": 2, "new_tokens": 4, "repeats": 2, "ready_s": 60},
+                            where="measures.engine")
+    out = Engine().measure(q, options, ctx)
+    starts = [line.split() for line in fake_vllm.read_text().splitlines()]
+    assert [Path(m).name for _, m in starts] == ["compressed", "hf"]  # the export's checkpoint first, then the dense twin
+    for pid, _ in starts:
+        assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE, pid
+        assert not group_alive(int(pid))
+    assert q.info["vllm_refused"].startswith("vLLM did not serve the compressed-tensors checkpoint: ValueError: Failed to find a kernel")
+    assert "uint8b128" in q.info["vllm_refused"]
+    assert q.info["vllm_format"].startswith(f"F32 {DENSE_LABEL}: vLLM refused the compressed-tensors checkpoint (ValueError")
+    assert out["vllm_errors_c1"] == 0 and out["vllm_tok_s_c1"] > 0
+
+
+def test_an_rtn_trial_becomes_its_compressed_checkpoint_and_a_sparse_one_keeps_its_dense_label(tiny, ctx) -> None:
+    q = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 32}, ctx)
+    kinds = weight_kinds(q)
+    info: dict = {"vllm_format": served_label(kinds, "f32")}
+    folder = compressed_checkpoint(q, kinds, ctx.workdir / "ct", info, "vllm")
+    assert folder is not None and (folder / "config.json").is_file()
+    assert info["vllm_format"] == "compressed-tensors pack-quantized (int4 g32: the trial's codes and scales; other tensors F32)"
+    s = Magnitude().transform(tiny.copy(), {"sparsity": 0.5, "scope": "row"}, ctx)
+    info = {"vllm_format": served_label(weight_kinds(s), "f32")}
+    assert compressed_checkpoint(s, weight_kinds(s), ctx.workdir / "ct2", info, "vllm") is None
+    assert info["vllm_format"] == f"F32 {DENSE_LABEL}"  # sparse: no checkpoint tried, the dense label stays
 
 
 @pytest.mark.engine
