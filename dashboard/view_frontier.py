@@ -15,6 +15,7 @@ from paretolab.dashboard.plots import (
     frontier_image,
     frontier_points,
 )
+from paretolab.dashboard.view_engines import gap_column
 from paretolab.models import quality_note
 
 NO_Z = "(none)"
@@ -198,7 +199,7 @@ def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> No
 
 def _frontier_table(data: FrontierData) -> None:
     st.subheader("Frontier trials")
-    shown = data.front.drop(columns=["hover", "frontier"])
+    shown = gap_column(data.front.drop(columns=["hover", "frontier"]))
     st.dataframe(shown, hide_index=True, width="stretch")
     numbers = shown["number"].to_numpy()[:MAX_TRIAL_BUTTONS]
     if len(numbers):

@@ -93,6 +93,7 @@ class EngineOptions:
     threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
     kv_cache_gib: float = option(2.0, low=0.1)  # vllm: VLLM_CPU_KVCACHE_SPACE
     dtype: str = option("float32", one_of=("float32", "bfloat16", "float16"))  # vllm: --dtype (the trial's weights are float32)
+    eager: bool = False  # vllm: --enforce-eager (no torch.compile warm-up: a shorter start, a slower decode; the tests use it)
     ppl: bool = True  # the engine's perplexity on the perplexity task's windows, beside the trial's
 
 
@@ -193,7 +194,7 @@ class Engine(Measure):
                 packed = compressed_checkpoint(subject, kinds, Path(tmp) / "compressed", subject.info, e)
                 targets = [t for t in (packed, folder) if t is not None]
                 for i, target in enumerate(targets):
-                    served = _Served(target, _bytes(target), lambda port, t=target: engine.server_command(t, port, n_ctx=options.n_ctx, dtype=options.dtype))
+                    served = _Served(target, _bytes(target), lambda port, t=target: engine.server_command(t, port, n_ctx=options.n_ctx, dtype=options.dtype, eager=options.eager))
                     try:
                         run = self._run(e, engine.python, served, env, spec, subject, options, ctx, Path(tmp))
                         break

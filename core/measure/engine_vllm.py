@@ -52,10 +52,11 @@ class VllmEngine:
                                     "(or set PARETOLAB_ENGINES / PARETOLAB_VLLM_PYTHON)")
         return cls(python=python)
 
-    def server_command(self, model_dir: Path, port: int, *, n_ctx: int, dtype: str = "float32", alias: str = "trial") -> list[str]:
+    def server_command(self, model_dir: Path, port: int, *, n_ctx: int, dtype: str = "float32", eager: bool = False,
+                       alias: str = "trial") -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--served-model-name", alias, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-                "--max-model-len", str(n_ctx)]
+                "--max-model-len", str(n_ctx), *(["--enforce-eager"] if eager else [])]
 
     def env(self, shim: Path, threads: int, kv_gib: float) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p),

@@ -73,9 +73,21 @@ def quality_cells(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, A
 
 def describe(d: PairedDifference) -> str:
     """``+0.012 [-0.004, +0.030] within noise`` (paired over n examples, or marked unpaired)."""
-    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s"
+    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s" if d.n else f"paired over {d.unit}s"
     verdict = "within noise" if d.within_noise else "beyond noise"
     return f"{d.diff:+.4g} [{d.low:+.4g}, {d.high:+.4g}] {verdict} ({how})"
+
+
+def engine_ppl_gaps(engine: dict[str, Any]) -> dict[str, str]:
+    """Per engine, the served model's perplexity against the trial's recorded one (the engine measure's paired
+    difference over the task's windows, ``E_ppl_diff`` and its interval) in the words above: ``within noise`` or not."""
+    out: dict[str, str] = {}
+    for key in sorted(k for k in engine if k.endswith("_ppl_diff")):
+        low, high = engine.get(f"{key}_ci_low"), engine.get(f"{key}_ci_high")
+        if low is not None and high is not None:
+            d = PairedDifference(float(engine[key]), float(low), float(high), int(engine.get("n_windows") or 0), "window")
+            out[key.removesuffix("_ppl_diff")] = describe(d)
+    return out
 
 
 def with_interval(row: dict[str, Any], metric: str) -> str:
