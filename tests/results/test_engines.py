@@ -66,3 +66,28 @@ def test_optuna_keeps_the_engine_figures_and_labels() -> None:
     assert engine_attrs(result.metrics, result.info) == {"llama_tok_s_c1": 25.0, "vllm_ppl_gap": 0.0, "llama_format": "Q4_0 (exact)",
                                                          "vllm_refused": "ValueError: no kernel", "n_windows": 4.0}
     assert engine_attrs({"ppl": 20.3}, {"llama_format": "x"}) == {}  # no engine measure: nothing kept
+
+
+def test_frontier_rows_carry_the_engine_figures_from_optuna_else_from_mlflow() -> None:
+    import optuna
+
+    from paretolab.results.read import _add_engines
+    from paretolab.study.recording import ENGINE
+
+    study = optuna.create_study()
+    study.enqueue_trial({})
+    kept = engine_attrs({"llama_ppl_diff": 0.5, "llama_ppl_diff_ci_low": 0.2, "llama_ppl_diff_ci_high": 0.8, "n_windows": 4.0}, {"llama_format": "Q4_0"})
+    study.optimize(lambda t: (t.set_user_attr(ENGINE, kept), 1.0)[1], n_trials=2)
+    trials = {t.number: t for t in study.get_trials()}
+    trials[1].user_attrs.clear()  # recorded before Optuna kept them: MLflow's metrics instead
+
+    class Logged:
+        def run_metrics(self, run_id: str) -> dict:
+            return {"vllm_ppl_diff": 0.01, "vllm_ppl_diff_ci_low": -0.02, "vllm_ppl_diff_ci_high": 0.04, "ppl": 3.0} if run_id == "r1" else {}
+
+    rows = [{"trial": 0, "mlflow_run_id": "r0"}, {"trial": 1, "mlflow_run_id": "r1"}, {"trial": 2, "mlflow_run_id": "r2"}]
+    _add_engines(rows, trials, Logged())  # type: ignore[arg-type]
+    assert rows[0]["engine"]["llama_format"] == "Q4_0"
+    assert rows[0]["engine_ppl"] == {"llama": "+0.5 [+0.2, +0.8] beyond noise (paired, 4 windows)"}
+    assert rows[1]["engine_ppl"] == {"vllm": "+0.01 [-0.02, +0.04] within noise (paired over windows)"}
+    assert "engine" not in rows[2]  # no engine measure: the row is as it was
