@@ -49,7 +49,7 @@ from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
 from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
 from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, window_nll
-from paretolab.measure.engine_server import EngineStartError, Server, free_port, serve
+from paretolab.measure.engine_server import EngineStartError, Server, free_port, group_alive, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
@@ -229,6 +229,10 @@ class Engine(Measure):
                 report = run_load(server.url, "trial", spec, joules=joules)
                 peak = server.peak_rss_bytes
                 quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}
+                pid = server.pid
+        if group_alive(pid):  # serve() stopped the group (TERM, then KILL): checked, never assumed
+            raise RuntimeError(f"{e}: processes of the server's group {pid} outlived its stop")
+        subject.info[f"{e}_server_stopped"] = f"process group {pid}: none left after the measure (checked)"
         return _Run(source, report, peak, start_s, quality, served.bytes)
 
     @staticmethod

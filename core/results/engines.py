@@ -138,6 +138,9 @@ def engine_lines(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, An
             "engine's perplexity is off the trial's beyond noise):", "", *notes, ""] if notes else \
         ["The engine's ratios against none and the in-process ones point the same way for every trial and level, and every "
          "engine perplexity is within noise of the trial's.", ""]
+    stopped = [bool(r.get("run_params", {}).get(f"info.{e}_server_stopped")) for r in served for e in engines_in(r)]
+    if stopped and all(stopped):
+        out += [f"Every server's process group ({len(stopped)}) was checked gone after its measure.", ""]
     if labels:
         out += ["**Refused by the engine** (its own message; the trial was then served as its dense equivalent):", "", *labels, ""]
     return out

@@ -118,6 +118,7 @@ def test_measure_serves_a_trial_on_a_fake_llama(tiny, ctx, fake_llama) -> None:
         assert out[f"llama_c{c}_j_per_token"] >= 0  # the fake server mostly sleeps
     assert out["llama_model_bytes"] == 107 and out["llama_peak_rss_mb"] > 1
     assert q.info["llama_format"] == f"F32 {DENSE_LABEL}"
+    assert q.info["llama_server_stopped"].endswith("none left after the measure (checked)")
     assert q.info["llama_energy_source"] in ("rapl", "estimate")
     assert "int4 g32" in q.info["llama_weights"]
 
