@@ -142,6 +142,7 @@ class _Run:
     start_s: float
     quality: dict[str, float]
     model_bytes: int
+    loadavg: float
 
 
 def _bytes(folder: Path) -> int:
@@ -155,7 +156,7 @@ class Engine(Measure):
     metrics = tuple(
         [f"{metric_name(e, f, c)}{s}" for e in ENGINES for f in FIGURES for c in LEVELS for s in ("", "_ci_low", "_ci_high")]
         + [f"{e}_errors_c{c}" for e in ENGINES for c in LEVELS]
-        + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s")]
+        + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s", "loadavg")]
         + [f"{e}_{m}" for e in ENGINES for m in ("ppl", "ppl_ci_low", "ppl_ci_high", "ppl_diff", "ppl_diff_ci_low", "ppl_diff_ci_high", "ppl_gap")]
     )
     options = EngineOptions
@@ -211,7 +212,7 @@ class Engine(Measure):
         out = report.metrics(prefix=e)
         out.update(quality)
         out.update({f"{e}_peak_rss_mb": peak / 2**20, f"{e}_start_s": start_s, f"{e}_model_bytes": float(model_bytes),
-                    f"{e}_load_s": report.wall_s})
+                    f"{e}_load_s": report.wall_s, f"{e}_loadavg": run.loadavg})
         return {k: v for k, v in out.items() if math.isfinite(v)}
 
     def _run(self, e: str, python: Path, served: _Served, env: dict[str, str] | None, spec: LoadSpec, subject: Subject,
@@ -226,14 +227,16 @@ class Engine(Measure):
                        name=f"{e} ({python})") as server:
                 start_s = time.perf_counter() - t0
                 joules, source = energy_counter(server)
+                load = os.getloadavg()[0]
                 report = run_load(server.url, "trial", spec, joules=joules)
+                load = (load + os.getloadavg()[0]) / 2
                 peak = server.peak_rss_bytes
                 quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}
                 pid = server.pid
         if group_alive(pid):  # serve() stopped the group (TERM, then KILL): checked, never assumed
             raise RuntimeError(f"{e}: processes of the server's group {pid} outlived its stop")
         subject.info[f"{e}_server_stopped"] = f"process group {pid}: none left after the measure (checked)"
-        return _Run(source, report, peak, start_s, quality, served.bytes)
+        return _Run(source, report, peak, start_s, quality, served.bytes, load)
 
     @staticmethod
     def _ppl(e: str, url: str, subject: Subject, options: EngineOptions, ctx: TrialContext,
@@ -296,6 +299,7 @@ def _definitions() -> list[Metric]:
                 Metric(f"{e}_start_s", "s", "minimize", f"engine measure: seconds from starting the {where} server to its first answer"),
                 Metric(f"{e}_model_bytes", "bytes", "minimize", f"engine measure: bytes of the model file {where} served"),
                 Metric(f"{e}_load_s", "s", "minimize", f"engine measure: wall time of the whole load on {where}"),
+                Metric(f"{e}_loadavg", "", "minimize", f"engine measure: the machine's 1-minute load average while {where} was under load (mean of its start and end)"),
                 Metric(f"{e}_ppl", "", "minimize", f"engine measure: perplexity from {where}'s own log-probabilities on the perplexity task's windows"),
                 Metric(f"{e}_ppl_ci_low", "", "minimize", f"lower end of the 95 % bootstrap interval (windows) of {e}_ppl"),
                 Metric(f"{e}_ppl_ci_high", "", "minimize", f"upper end of the 95 % bootstrap interval (windows) of {e}_ppl"),

@@ -138,6 +138,11 @@ def engine_lines(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, An
             "engine's perplexity is off the trial's beyond noise):", "", *notes, ""] if notes else \
         ["The engine's ratios against none and the in-process ones point the same way for every trial and level, and every "
          "engine perplexity is within noise of the trial's.", ""]
+    loads = [v for r in served for e in engines_in(r) if (v := _number(r, f"{e}_loadavg")) is not None]
+    if loads:
+        out += [f"**Under load**: the machine's 1-minute load average while the engines were under load was {min(loads):.1f}–"
+                f"{max(loads):.1f} ({len(loads)} loads; shared with other work). Absolute tokens/s move with it; read the "
+                "ratios against none.", ""]
     stopped = [bool(r.get("run_params", {}).get(f"info.{e}_server_stopped")) for r in served for e in engines_in(r)]
     if stopped and all(stopped):
         out += [f"Every server's process group ({len(stopped)}) was checked gone after its measure.", ""]

@@ -29,9 +29,9 @@ def test_ratio_interval_and_direction() -> None:
 
 
 def test_the_section_says_where_the_engine_and_the_in_process_figure_disagree() -> None:
-    none = _row(0, "none", (20.0, 18.0, 22.0), (0.01, -0.02, 0.04))
+    none = _row(0, "none", (20.0, 18.0, 22.0), (0.01, -0.02, 0.04), llama_loadavg=11.5)
     # llama.cpp serves the Q4_0 trial 1.5x faster than none; the in-process decode is slower than the unmodified model
-    rtn = _row(1, "rtn", (30.0, 28.0, 32.0), (0.5, 0.3, 0.7), decode_speedup=0.8, decode_speedup_iqr=0.1)
+    rtn = _row(1, "rtn", (30.0, 28.0, 32.0), (0.5, 0.3, 0.7), decode_speedup=0.8, decode_speedup_iqr=0.1, llama_loadavg=13.25)
     rtn["run_params"]["info.vllm_refused"] = "vLLM did not serve the compressed-tensors checkpoint: ValueError: no kernel"
     lines = engine_lines([none, rtn], baseline_finder([none, rtn], ()), markdown_table)
     text = "\n".join(lines)
@@ -40,6 +40,7 @@ def test_the_section_says_where_the_engine_and_the_in_process_figure_disagree() 
     assert "trial 1 (rtn), llama.cpp at 1 user: the engine says **faster** than none (1.5 [1.27, 1.78]), the in-process decode says **slower**" in text
     assert "trial 1 (rtn), llama.cpp: the served model's perplexity differs from the trial's beyond noise (+0.5 [+0.3, +0.7] beyond noise (paired, 4 windows))" in text
     assert "trial 0" not in text.split("Where they disagree")[1]  # the baseline is compared with nothing
+    assert "1-minute load average while the engines were under load was 11.5–13.2 (2 loads" in text
     assert "- trial 1 (rtn), vLLM: vLLM did not serve the compressed-tensors checkpoint: ValueError: no kernel" in text
 
 
