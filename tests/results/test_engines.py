@@ -25,6 +25,8 @@ def _row(trial: int, method: str, c1: tuple[float, float, float], gap: tuple[flo
 def test_ratio_interval_and_direction() -> None:
     got = ratio({"m": 30.0, "m_ci_low": 28.0, "m_ci_high": 32.0}, {"m": 20.0, "m_ci_low": 18.0, "m_ci_high": 22.0}, "m")
     assert got == (1.5, 28.0 / 22.0, 32.0 / 18.0)
+    unbounded = ratio({"m": 30.0, "m_ci_low": 28.0, "m_ci_high": 32.0}, {"m": 20.0, "m_ci_low": 0.0, "m_ci_high": 40.0}, "m")
+    assert unbounded == (1.5, 0.7, float("inf")) and direction(*unbounded) == "no clear change"  # none's interval reaching 0
     assert direction(*got) == "faster" and direction(0.8, 0.7, 0.9) == "slower" and direction(1.0, 0.9, 1.1) == "no clear change"
 
 
@@ -37,7 +39,7 @@ def test_the_section_says_where_the_engine_and_the_in_process_figure_disagree() 
     text = "\n".join(lines)
     assert "| none | 0 | llama.cpp | F32 | 20 [18, 22] |" in text
     assert "| rtn | 1 | llama.cpp | Q4_0 (exact: ...) | 30 [28, 32] | 1.5 [1.27, 1.78] |" in text
-    assert "trial 1 (rtn), llama.cpp at 1 user: the engine says **faster** than none (1.5 [1.27, 1.78]), the in-process decode says **slower**" in text
+    assert "trial 1 (rtn), llama.cpp at 1 user: against none, the engine says **faster** (1.5 [1.27, 1.78]), the in-process decode **slower**" in text
     assert "trial 1 (rtn), llama.cpp: the served model's perplexity differs from the trial's beyond noise (+0.5 [+0.3, +0.7] beyond noise (paired, 4 windows))" in text
     assert "trial 0" not in text.split("Where they disagree")[1]  # the baseline is compared with nothing
     assert "1-minute load average while the engines were under load was 11.5–13.2 (2 loads" in text
