@@ -98,7 +98,9 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         for r in shown:
             r[INFEASIBLE] = "" if r.get("feasible", True) else f"✗ {r.get(REASON) or 'no reason recorded'}"
         columns.append(INFEASIBLE)
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows), *engines]
+    # a study that served its trials by engines leads with them (their ratios against none); every trial's row follows
+    lines += [*engines, *(["### Every trial", ""] if engines else []), markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend,
+              *_base_timings(rows)]
     return "\n".join(lines)
 
 
