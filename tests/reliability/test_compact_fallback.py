@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import paretolab
-from paretolab.api import compact, compressed
+from paretolab.api import compact
+from paretolab.data import compressed
 
 
 @pytest.fixture

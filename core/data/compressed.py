@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from paretolab.api.fidelity import logit_gap, probe_logits, quiet, reload
+from paretolab.data.fidelity import logit_gap, probe_logits, quiet, reload
 
 FORMAT = "pack-quantized"
 TOLERANCE = 1e-5  # relative logit difference: the codes and fp32 scales are exact, so only float order changes it
