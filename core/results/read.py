@@ -55,7 +55,8 @@ def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
             row["noise"] = noise
     rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: t.user_attrs.get(REASON) or "no reason recorded"}
                 for t in sorted(left_off, key=lambda t: t.values[0]))
-    _add_engines(rows, {t.number: t for t in trials}, stores)
+    if "engine" in ((study.user_attrs.get("pipeline") or {}).get("measures") or {}):  # else no engine figures: nothing more to read
+        _add_engines(rows, {t.number: t for t in trials}, stores)
     rows.constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
 
