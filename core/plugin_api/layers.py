@@ -7,6 +7,7 @@ A group is written as a *selector* of up to three words (a pipeline's ``layers:`
     down_proj            one kind of projection by its module name
     0-9                  every Linear of decoder layers 0 to 9 (inclusive)
     12                   every Linear of decoder layer 12
+    0-3,27-29            every Linear of layers 0 to 3 and 27 to 29 (ranges joined by commas, no spaces)
     0-9 mlp              the MLP projections of layers 0 to 9
     each 0-29            one group per decoder layer (0, 1, ..., 29), each with its own setting
     each 0-29 attention  one group per layer's attention (0 attention, 1 attention, ...)
@@ -32,39 +33,50 @@ KINDS = {
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-HELP = ("a selector like 'attention', 'mlp', 'down_proj', '0-9', '12', '0-9 mlp' or 'each 0-29' "
+_SPAN = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+HELP = ("a selector like 'attention', 'mlp', 'down_proj', '0-9', '12', '0-3,27-29', '0-9 mlp' or 'each 0-29' "
         "(one group per layer); see the pipeline reference, `layers:`")
 
 
 @dataclass(frozen=True)
 class Selector:
-    """One group: decoder layers ``first..last`` (None: all layers) and a module kind (None: every kind)."""
+    """One group: a set of decoder layers (None: all layers) and a module kind (None: every kind)."""
 
-    first: int | None = None
-    last: int | None = None
+    layers: frozenset[int] | None = None
     kind: str | None = None
 
     @property
     def name(self) -> str:
-        """The canonical text: what Optuna parameter names and records carry (``0-9 mlp``)."""
-        span = "" if self.first is None else str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+        """The canonical text: what Optuna parameter names and records carry (``0-9 mlp``, ``0-3,27-29``)."""
+        span = "" if self.layers is None else spans(self.layers)
         return " ".join(p for p in (span, self.kind or "") if p)
 
     def matches(self, module: str) -> bool:
-        if self.first is not None:
-            index = layer_index(module)
-            if index is None or not self.first <= index <= self.last:
-                return False
+        if self.layers is not None and layer_index(module) not in self.layers:
+            return False
         return self.kind is None or self.kind in module_kinds(module)
 
     def overlaps(self, other: Selector) -> bool:
         """Whether some module could be in both (judged from the text alone; resolution checks the real modules)."""
-        if self.first is not None and other.first is not None and (self.last < other.first or other.last < self.first):
+        if self.layers is not None and other.layers is not None and not self.layers & other.layers:
             return False
         if self.kind is None or other.kind is None or self.kind == other.kind:
             return True
         a, b = sorted((self.kind, other.kind), key=lambda k: k not in KINDS)
         return a in KINDS and b not in KINDS and _kind_holds(a, b)
+
+
+def spans(layers: Iterable[int]) -> str:
+    """``{0, 1, 2, 3, 7, 27, 28, 29}`` -> ``0-3,7,27-29``."""
+    out: list[str] = []
+    for i in sorted(layers):
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        elif out and "-" not in out[-1] and int(out[-1]) == i - 1:
+            out[-1] = f"{out[-1]}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
 
 
 def _kind_holds(kind: str, leaf: str) -> bool:
@@ -84,23 +96,26 @@ def parse_selector(text: object, where: str) -> list[Selector]:
     each = words[0] == "each"
     if each:
         words = words[1:]
-    span = words.pop(0) if words and _RANGE.match(words[0]) else None
+    span = words.pop(0) if words and _SPAN.match(words[0]) else None
     kind = words.pop(0) if words else None
     if words or (kind is not None and not _WORD.match(kind)) or (span is None and kind is None):
         raise ConfigError(f"{where}: {text!r} is not a layer group; give {HELP}")
     if kind in ("each", REST):
         raise ConfigError(f"{where}: {text!r}: '{kind}' goes alone ('rest') or first ('each 0-29'); give {HELP}")
-    first = last = None
+    layers: set[int] | None = None
     if span is not None:
-        low, high = _RANGE.match(span).groups()
-        first, last = int(low), int(high if high is not None else low)
-        if first > last:
-            raise ConfigError(f"{where}: {text!r}: the range {span} runs backwards; write {last}-{first}")
+        layers = set()
+        for part in span.split(","):
+            low, high = _RANGE.match(part).groups()
+            first, last = int(low), int(high if high is not None else low)
+            if first > last:
+                raise ConfigError(f"{where}: {text!r}: the range {part} runs backwards; write {last}-{first}")
+            layers.update(range(first, last + 1))
     if each:
-        if first is None:
+        if layers is None:
             raise ConfigError(f"{where}: {text!r}: 'each' needs a range of layers, e.g. 'each 0-29' or 'each 0-29 mlp'")
-        return [Selector(i, i, kind) for i in range(first, last + 1)]
-    return [Selector(first, last, kind)]
+        return [Selector(frozenset({i}), kind) for i in sorted(layers)]
+    return [Selector(None if layers is None else frozenset(layers), kind)]
 
 
 def layer_index(module: str) -> int | None:

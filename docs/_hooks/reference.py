@@ -177,12 +177,16 @@ def pipeline_page() -> str:
         out.append("")
     out += ["## Methods and their parameters", "",
             "`stages: [{method: NAME, params: {PARAM: VALUE | [choices] | {low, high, log, step}}}]`; an omitted "
-            "parameter searches the method's own space. The [methods catalog](../methods/index.md) groups them by family.", "",
+            "parameter searches the method's own space. A method marked *per layer* also takes "
+            "`layers: {GROUP: {PARAM: ...} | keep, ..., rest: keep}` (GROUP: `attention`, `mlp`, a module name, `0-9`, `0-9 mlp`, "
+            "`each 0-29`), searched as `method.param/GROUP`; see [per-layer settings](../guides/layers.md). "
+            "The [methods catalog](../methods/index.md) groups them by family.", "",
             "| method | kind | cost | search space |", "|---|---|---|---|"]
     for method in sorted(regs.methods, key=lambda m: m.name):
         d = method.describe()
         space = "; ".join(f"`{k}`: {v}" for k, v in d["search_space"].items())
-        out.append(f"| `{d['name']}` | {d['kind']} | {d['cost_is']} | {_cell(space)} |")
+        kind = d["kind"] + (", per layer" if d.get("layerwise") else "")
+        out.append(f"| `{d['name']}` | {kind} | {d['cost_is']} | {_cell(space)} |")
     return "\n".join(out) + "\n"
 
 

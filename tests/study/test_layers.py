@@ -31,6 +31,7 @@ def test_selectors_name_kinds_ranges_and_one_group_per_layer():
     assert [s.name for s in parse_selector("attention", "x")] == ["attention"]
     assert [s.name for s in parse_selector("0-9 mlp", "x")] == ["0-9 mlp"]
     assert [s.name for s in parse_selector(3, "x")] == ["3"]
+    assert [s.name for s in parse_selector("2,0-1,7,5-6 mlp", "x")] == ["0-2,5-7 mlp"]  # layer sets in canonical order
     assert [s.name for s in parse_selector("each 1-3 down_proj", "x")] == ["1 down_proj", "2 down_proj", "3 down_proj"]
     groups = assign(MODULES, [*parse_selector("0-1 attention", "x"), *parse_selector("mlp", "x"), *parse_selector("3 q_proj", "x")], "x")
     assert groups["model.layers.1.self_attn.v_proj"] == "0-1 attention"
@@ -51,6 +52,7 @@ def test_a_bad_selector_names_the_field_the_value_and_the_fix(key, fragment):
 
 @pytest.mark.parametrize("layers, fragment", [
     ({"attention": {"bits": [2, 4]}, "0-1": {"bits": 3}}, "groups 'attention' and '0-1' can both hold a module"),
+    ({"0,2 mlp": {"bits": [2, 4]}, "1-2 mlp": {"bits": 3}}, "groups '0,2 mlp' and '1-2 mlp' can both hold a module"),
     ({"mlp": {"bits": 3}, "1 down_proj": {"bits": 4}}, "can both hold"),
     ({"attention": {"bitz": [2]}}, "stages[0].layers.attention.bitz: method 'rtn' has no parameter 'bitz'; did you mean 'bits'?"),
     ({"attention": {"bits": "four"}}, "stages[0].layers.attention.bits: 'four' is not an integer"),
@@ -178,7 +180,7 @@ def test_recorded_mlflow_params_name_each_groups_value():
 
 
 def test_overlap_is_judged_from_the_text():
-    assert Selector(0, 3, "mlp").overlaps(Selector(2, 5, None))
-    assert not Selector(0, 3, "mlp").overlaps(Selector(4, 5, "mlp"))
-    assert not Selector(None, None, "attention").overlaps(Selector(None, None, "down_proj"))
-    assert Selector(None, None, "mlp").overlaps(Selector(None, None, "down_proj"))
+    assert Selector(frozenset({0, 1, 2, 3}), "mlp").overlaps(Selector(frozenset({2, 5}), None))
+    assert not Selector(frozenset({0, 1, 2, 3}), "mlp").overlaps(Selector(frozenset({4, 5}), "mlp"))
+    assert not Selector(None, "attention").overlaps(Selector(None, "down_proj"))
+    assert Selector(None, "mlp").overlaps(Selector(None, "down_proj"))
