@@ -13,6 +13,7 @@ from paretolab.cli.manage import cmd_check, cmd_studies
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
+from paretolab.cli.interaction import add_parser as add_interaction
 from paretolab.cli.sensitivity import add_parser as add_sensitivity
 from paretolab.cli.suggest import SuggestingParser
 from paretolab.results import REPORT_METRICS
@@ -217,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bundle_flag(report)
     _store_flags(report)
     report.set_defaults(func=cmd_report)
+    add_interaction(sub, _bundle_flag, _store_flags)
 
     bundle = sub.add_parser("bundle", help="a study's complete record in one file: export it, import it into other stores", description=(
         "A bundle holds studies whole: the pipeline and its hash, every trial (state, params, metrics with their intervals, "
