@@ -9,6 +9,7 @@ and parsing needs none of the report's code.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +213,8 @@ def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str
     if not rest.endswith("]"):
         raise ConfigError(f"{where}: {label!r} opens '[' without closing it; write method[param=value, ...]")
     wanted = {}
-    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+    # items part at a comma that starts a name (``bits/0-3,27-29=3, group_size=64``: a layer set keeps its commas)
+    for item in filter(None, (part.strip() for part in re.split(r",(?=\s*[A-Za-z_])", rest[:-1]))):
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
             raise ConfigError(f"{where}: {item!r} in {label!r} is not param=value")
@@ -232,6 +234,7 @@ def stage_params(stages: tuple[Any, ...], regs: Any) -> set[str]:
         for option in stage.options:
             method = regs.methods.get(option.method)
             out |= {f"{option.method}.{p}" for p in {*method.search_space(), *method.defaults(), *option.params}}
+            out |= {f"{option.method}.{p}/{group.name}" for group in getattr(option, "layers", ()) for p in group.params}  # per layer group
     return out
 
 

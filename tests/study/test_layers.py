@@ -184,3 +184,21 @@ def test_overlap_is_judged_from_the_text():
     assert not Selector(frozenset({0, 1, 2, 3}), "mlp").overlaps(Selector(frozenset({4, 5}), "mlp"))
     assert not Selector(None, "attention").overlaps(Selector(None, "down_proj"))
     assert Selector(None, "mlp").overlaps(Selector(None, "down_proj"))
+
+
+def test_claims_and_constraints_name_a_per_layer_arm_by_its_groups_values():
+    from paretolab.plugin_api.manager import registries
+    from paretolab.study.arms import arm_params
+
+    raw = pipeline({"0,1 attention": {"bits": [3, 4, 5]}, "0-1 mlp": {"bits": [3, 4, 5]}})
+    raw["stages"][0] = {"choice": [raw["stages"][0], {"method": "none"}]}
+    uniform = "rtn[bits/0-1 attention=4, bits/0-1 mlp=4]"
+    raw["constraints"] = [{"metric": "size_bytes", "max_ratio_to": uniform, "max": 1.0}]
+    raw["claims"] = [{"text": "5/3 beats 4/4 at equal bytes", "metric": "ppl", "method": "rtn[bits/0-1 attention=5, bits/0-1 mlp=3]",
+                      "baseline": uniform, "expect": "lower", "scale": "log", "replicates": "none"}]
+    spec = parse_spec(raw)
+    assert arm_params(spec.stages, registries(), "rtn[bits/0-1 attention=5, bits/0-1 mlp=3]", "x") == {
+        "stage0.method": "rtn", "rtn.bits/0-1 attention": 5, "rtn.bits/0-1 mlp": 3}
+    assert dict(spec.constraints[0].arm) == {"stage0.method": "rtn", "rtn.bits/0-1 attention": 4, "rtn.bits/0-1 mlp": 4}
+    with pytest.raises(ConfigError, match=r"'6' is not one of its values \[3, 4, 5\]"):
+        arm_params(spec.stages, registries(), "rtn[bits/0-1 mlp=6]", "x")
