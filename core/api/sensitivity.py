@@ -84,17 +84,13 @@ class Sensitivity:
                 "groups": [{**asdict(g), "per_mb": None if math.isinf(g.per_mb) else g.per_mb} for g in self.ranking()]}
 
     def markdown(self) -> str:
-        from paretolab.results.section import markdown_table
+        from paretolab.results.extras import sensitivity_table
 
-        rows = [{"rank": i + 1, "group": g.group, "modules": g.modules, self.metric: g.metric, f"Δ {self.metric}": g.delta,
-                 "95 % interval": f"[{g.low:+.4g}, {g.high:+.4g}]", "saves MB": g.bytes_saved / 1e6,
-                 f"Δ {self.metric} per MB": "" if math.isinf(g.per_mb) else g.per_mb,
-                 "within noise": "yes" if g.low <= 0 <= g.high else ""} for i, g in enumerate(self.ranking())]
         setting = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         head = (f"Sensitivity of {self.model} to {self.method} ({setting}) on one layer group at a time: {self.metric} "
                 f"{self.base:.4g} unmodified ({self.base_size / 1e6:.2f} MB), over {self.windows} windows of "
                 f"{self.task.get('corpus')}; Δ is paired over the same windows, least sensitive per MB saved first.")
-        return head + "\n\n" + markdown_table(rows, list(rows[0]) if rows else ["group"]) + "\n"
+        return head + "\n\n" + sensitivity_table(self.to_json()) + "\n"
 
 
 def layer_groups(by: str | list[str], n_layers: int) -> list[str]:

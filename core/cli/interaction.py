@@ -1,4 +1,4 @@
-"""`paretolab interaction STUDY --a A --b B`: whether two stacked methods' effects add up (see paretolab.api.interaction)."""
+"""`paretolab interaction STUDY --a A --b B`: whether two stacked methods' effects add up (see paretolab.results.interaction)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 
 def cmd_interaction(args: argparse.Namespace) -> int:
-    from paretolab.api.interaction import interaction, markdown
+    from paretolab.results.interaction import interaction, markdown
     from paretolab.cli.common import source_from_flags
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
