@@ -303,18 +303,13 @@ class MethodContract:
         """``layerwise = True`` promises a transform that changes only ``subject.scope``'s modules (a per-layer stage's group)."""
         if not method.layerwise:
             pytest.skip("not layerwise: it changes the whole model at once")
-        modules = method.layer_modules(subject)
-        assert modules, "layerwise, but layer_modules() lists no module to divide into groups"
-        own = subject.copy()
-        before = {k: v.detach().clone() for k, v in own.model.state_dict().items()}
-        own.scope = frozenset(modules[:1])
+        own, first = subject.copy(), method.layer_modules(subject)[0]
+        before, own.scope = {k: v.detach().clone() for k, v in own.model.state_dict().items()}, frozenset({first})
         out = method.transform(own, dict(params), ctx)
-        outside = sorted(k for k, v in out.model.state_dict().items()
-                         if not k.startswith(f"{modules[0]}.") and (k not in before or not torch.equal(v, before[k])))
-        assert not outside, (f"with subject.scope = {{{modules[0]!r}}} it changed {', '.join(outside[:3])}: change only the scope's "
-                             "modules (iterate linear_weights(subject.model, scope=subject.scope)) or drop layerwise")
-        stored = sorted(k for k in out.storage if not k.startswith(f"{modules[0]}."))
-        assert not stored, f"with subject.scope = {{{modules[0]!r}}} it set storage records outside it: {', '.join(stored[:3])}"
+        outside = [k for k, v in out.model.state_dict().items() if not k.startswith(f"{first}.") and not torch.equal(v, before.get(k, v + 1))]
+        outside += [k for k in out.storage if not k.startswith(f"{first}.")]
+        assert not outside, (f"with subject.scope = {{{first!r}}} it changed or set storage of {', '.join(sorted(outside)[:3])}: change only the "
+                             "scope's modules (iterate linear_weights(subject.model, scope=subject.scope)) or drop layerwise")
 
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         own = subject.copy()

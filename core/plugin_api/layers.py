@@ -7,7 +7,7 @@ A group is written as a *selector* of up to three words (a pipeline's ``layers:`
     down_proj            one kind of projection by its module name
     0-9                  every Linear of decoder layers 0 to 9 (inclusive)
     12                   every Linear of decoder layer 12
-    0-3,27-29            every Linear of layers 0 to 3 and 27 to 29 (ranges joined by commas, no spaces)
+    0-3 27-29            every Linear of layers 0 to 3 and 27 to 29 (``0-3,27-29`` reads the same; the name keeps spaces)
     0-9 mlp              the MLP projections of layers 0 to 9
     each 0-29            one group per decoder layer (0, 1, ..., 29), each with its own setting
     each 0-29 attention  one group per layer's attention (0 attention, 1 attention, ...)
@@ -34,7 +34,7 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SPAN = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
-HELP = ("a selector like 'attention', 'mlp', 'down_proj', '0-9', '12', '0-3,27-29', '0-9 mlp' or 'each 0-29' "
+HELP = ("a selector like 'attention', 'mlp', 'down_proj', '0-9', '12', '0-3 27-29', '0-9 mlp' or 'each 0-29' "
         "(one group per layer); see the pipeline reference, `layers:`")
 
 
@@ -47,7 +47,7 @@ class Selector:
 
     @property
     def name(self) -> str:
-        """The canonical text: what Optuna parameter names and records carry (``0-9 mlp``, ``0-3,27-29``)."""
+        """The canonical text: what Optuna parameter names and records carry (``0-9 mlp``, ``0-3 27-29``)."""
         span = "" if self.layers is None else spans(self.layers)
         return " ".join(p for p in (span, self.kind or "") if p)
 
@@ -67,7 +67,7 @@ class Selector:
 
 
 def spans(layers: Iterable[int]) -> str:
-    """``{0, 1, 2, 3, 7, 27, 28, 29}`` -> ``0-3,7,27-29``."""
+    """``{0, 1, 2, 3, 7, 27, 28, 29}`` -> ``0-3 7 27-29`` (spaces: MLflow takes no comma in a parameter's name)."""
     out: list[str] = []
     for i in sorted(layers):
         if out and "-" in out[-1] and int(out[-1].split("-")[1]) == i - 1:
@@ -76,7 +76,7 @@ def spans(layers: Iterable[int]) -> str:
             out[-1] = f"{out[-1]}-{i}"
         else:
             out.append(str(i))
-    return ",".join(out)
+    return " ".join(out)
 
 
 def _kind_holds(kind: str, leaf: str) -> bool:
@@ -96,7 +96,10 @@ def parse_selector(text: object, where: str) -> list[Selector]:
     each = words[0] == "each"
     if each:
         words = words[1:]
-    span = words.pop(0) if words and _SPAN.match(words[0]) else None
+    parts = []
+    while words and _SPAN.match(words[0]):
+        parts.append(words.pop(0))
+    span = ",".join(parts) or None
     kind = words.pop(0) if words else None
     if words or (kind is not None and not _WORD.match(kind)) or (span is None and kind is None):
         raise ConfigError(f"{where}: {text!r} is not a layer group; give {HELP}")

@@ -9,7 +9,6 @@ and parsing needs none of the report's code.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,8 +212,7 @@ def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str
     if not rest.endswith("]"):
         raise ConfigError(f"{where}: {label!r} opens '[' without closing it; write method[param=value, ...]")
     wanted = {}
-    # items part at a comma that starts a name (``bits/0-3,27-29=3, group_size=64``: a layer set keeps its commas)
-    for item in filter(None, (part.strip() for part in re.split(r",(?=\s*[A-Za-z_])", rest[:-1]))):
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
             raise ConfigError(f"{where}: {item!r} in {label!r} is not param=value")

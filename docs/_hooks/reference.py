@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = {
     "README.md": "compression", "DECODING.md": "decoding", "TRAINING.md": "training", "MOE.md": "moe",
     "ROUTING.md": "routing", "ENCODINGS.md": "encodings", "SEED_ROWS.md": "seed-rows", "UPIPE.md": "upipe",
-    "OMNISIFT.md": "omnisift", "APM.md": "apm",
+    "OMNISIFT.md": "omnisift", "APM.md": "apm", "LAYERS.md": "layers",
 }
 INCLUDED = {"development/architecture.md": ROOT / "ARCHITECTURE.md", "development/deploy.md": ROOT / "deploy" / "README.md"}
 METHODS_MARK = re.compile(r"<!-- paretolab:methods ([^>]*?) -->")
@@ -288,7 +288,7 @@ def _relink(text: str, source: Path, here: str) -> str:
     pages.update({path.resolve(): uri for uri, path in INCLUDED.items()})
 
     def repl(m: re.Match) -> str:
-        label, target = m.group(1), m.group(2)
+        label, target = m.group(2), m.group(3)
         if re.match(r"[a-z]+://|#|mailto:", target):
             return m.group(0)
         path, _, anchor = target.partition("#")
@@ -299,8 +299,8 @@ def _relink(text: str, source: Path, here: str) -> str:
             shown = resolved.relative_to(ROOT)
         except ValueError:
             shown = Path(target)
-        return f"{label} (`{shown}`)"
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", repl, text)
+        return f"{label} (`{shown}`)"  # an image too: the site has no copy of it
+    return re.sub(r"(!?)\[([^\]]+)\]\(([^)\s]+)\)", repl, text)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:

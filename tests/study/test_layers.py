@@ -31,7 +31,8 @@ def test_selectors_name_kinds_ranges_and_one_group_per_layer():
     assert [s.name for s in parse_selector("attention", "x")] == ["attention"]
     assert [s.name for s in parse_selector("0-9 mlp", "x")] == ["0-9 mlp"]
     assert [s.name for s in parse_selector(3, "x")] == ["3"]
-    assert [s.name for s in parse_selector("2,0-1,7,5-6 mlp", "x")] == ["0-2,5-7 mlp"]  # layer sets in canonical order
+    assert [s.name for s in parse_selector("2,0-1,7,5-6 mlp", "x")] == ["0-2 5-7 mlp"]  # layer sets in canonical order
+    assert [s.name for s in parse_selector("0-1 5 down_proj", "x")] == ["0-1 5 down_proj"]
     assert [s.name for s in parse_selector("each 1-3 down_proj", "x")] == ["1 down_proj", "2 down_proj", "3 down_proj"]
     groups = assign(MODULES, [*parse_selector("0-1 attention", "x"), *parse_selector("mlp", "x"), *parse_selector("3 q_proj", "x")], "x")
     assert groups["model.layers.1.self_attn.v_proj"] == "0-1 attention"
@@ -52,7 +53,7 @@ def test_a_bad_selector_names_the_field_the_value_and_the_fix(key, fragment):
 
 @pytest.mark.parametrize("layers, fragment", [
     ({"attention": {"bits": [2, 4]}, "0-1": {"bits": 3}}, "groups 'attention' and '0-1' can both hold a module"),
-    ({"0,2 mlp": {"bits": [2, 4]}, "1-2 mlp": {"bits": 3}}, "groups '0,2 mlp' and '1-2 mlp' can both hold a module"),
+    ({"0,2 mlp": {"bits": [2, 4]}, "1-2 mlp": {"bits": 3}}, "groups '0 2 mlp' and '1-2 mlp' can both hold a module"),
     ({"mlp": {"bits": 3}, "1 down_proj": {"bits": 4}}, "can both hold"),
     ({"attention": {"bitz": [2]}}, "stages[0].layers.attention.bitz: method 'rtn' has no parameter 'bitz'; did you mean 'bits'?"),
     ({"attention": {"bits": "four"}}, "stages[0].layers.attention.bits: 'four' is not an integer"),
@@ -171,8 +172,14 @@ def test_reproduce_and_apply_re_apply_a_per_layer_trial_exactly():
 
 
 def test_recorded_mlflow_params_name_each_groups_value():
+    from mlflow.utils.validation import _validate_param_name
+
     from paretolab.records import StagePlan
     from paretolab.study.recording import _flat_params
+
+    spec = parse_spec(pipeline({"0,2-3 attention": {"bits": [2, 4]}, "each 0-1 mlp": {"bits": [3, 8]}}))
+    for name in _flat_params(plan_trial(optuna.trial.FixedTrial(grid_points(spec)[0]), spec)):
+        _validate_param_name(name)  # MLflow refuses a comma (and most punctuation) in a name: one such trial stopped a study
 
     plan = [StagePlan("stage0", "rtn", {"bits": 8, "group_size": 32}, layers={"attention": {"bits": 2}, "rest": None})]
     assert _flat_params(plan) == {"stage0.method": "rtn", "stage0.rtn.bits": 8, "stage0.rtn.group_size": 32,
