@@ -122,6 +122,8 @@ results-moe: $(DEV)  ## tiny-moe (cached) and the MoE compression pipelines -> p
 	$(RESULTS_RUN) moe && $(BIN)/paretolab results render moe
 results-routing: $(DEV)  ## the models' answers recorded once, SDR, LazyStack, Select to Think -> pipelines/ROUTING.md
 	$(RESULTS_RUN) routing && $(BIN)/paretolab results render routing
+results-layers: $(DEV)  ## SmolLM2: mixed precision under a size budget, Wanda x RTN, speculative x RTN -> pipelines/LAYERS.md
+	$(RESULTS_RUN) layers && $(BIN)/paretolab results render layers
 results-encodings: $(DEV)  ## BitTokens, MTPC, PMATIC, TabPack (each trial <= 10 min on 2 CPU cores) -> pipelines/ENCODINGS.md
 	$(RESULTS_RUN) encodings && $(BIN)/paretolab results render encodings
 results-seed-rows: $(DEV)  ## UPipe, CoDA, OmniSIFT's text analog, APM's analog -> their documents (timed: one trial at a time, idle machine)

@@ -67,3 +67,6 @@ class StagePlan:
     stage: str
     method: str
     params: dict[str, Any]
+    # A per-layer stage: layer group -> its own values over ``params`` (None: the group is left as it is, ``keep``);
+    # empty for a stage with one setting for the whole model. See paretolab.plugin_api.layers for the group names.
+    layers: dict[str, dict[str, Any] | None] = field(default_factory=dict)

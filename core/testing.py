@@ -299,6 +299,18 @@ class MethodContract:
             assert not torch.equal(after, before), (f"reports a saving (size_bytes {reported_bytes(out, ctx)} < {size}) while computing exactly the "
                                                     "base model's output: change what it claims to save, or declare lossless = True")
 
+    def test_a_layerwise_method_keeps_to_its_scope(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        """``layerwise = True`` promises a transform that changes only ``subject.scope``'s modules (a per-layer stage's group)."""
+        if not method.layerwise:
+            pytest.skip("not layerwise: it changes the whole model at once")
+        own, first = subject.copy(), method.layer_modules(subject)[0]
+        before, own.scope = {k: v.detach().clone() for k, v in own.model.state_dict().items()}, frozenset({first})
+        out = method.transform(own, dict(params), ctx)
+        outside = [k for k, v in out.model.state_dict().items() if not k.startswith(f"{first}.") and not torch.equal(v, before.get(k, v + 1))]
+        outside += [k for k in out.storage if not k.startswith(f"{first}.")]
+        assert not outside, (f"with subject.scope = {{{first!r}}} it changed or set storage of {', '.join(sorted(outside)[:3])}: change only the "
+                             "scope's modules (iterate linear_weights(subject.model, scope=subject.scope)) or drop layerwise")
+
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         own = subject.copy()
         before_state, before_logits, before_size = observable_state(own), logits_of(own), reported_bytes(own, ctx)

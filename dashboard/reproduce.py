@@ -24,17 +24,24 @@ def reproduce_pipeline(pipeline: dict[str, Any], params: dict[str, Any], *, stud
             option = next((o for o in stage["choice"] if o.get("method") == chosen), stage["choice"][0])
         method = str(option["method"])
         fixed = dict(option.get("params") or {})
+        layers = _each_expanded(option.get("layers"))
         prefixes = (f"{stage_id}.{method}.", f"{method}.")
         for name, value in params.items():
             for prefix in prefixes:
                 if name.startswith(prefix) and not name.endswith(".method"):
-                    fixed[name[len(prefix):]] = value
+                    key, _, group = name[len(prefix):].partition("/")  # ``bits/attention``: a per-layer group's value
+                    if group:
+                        layers.setdefault(group, {})[key] = value
+                    else:
+                        fixed[key] = value
                     break
         new: dict[str, Any] = {"method": method}
         if "id" in stage:
             new["id"] = stage["id"]
         if fixed:
             new["params"] = fixed
+        if layers:
+            new["layers"] = layers
         stages.append(new)
     out["stages"] = stages
     out["name"] = f"{pipeline.get('name', study)}-trial{number}"
@@ -50,6 +57,20 @@ def reproduce_pipeline(pipeline: dict[str, Any], params: dict[str, Any], *, stud
         out["constraints"] = kept
     else:
         out.pop("constraints", None)
+    return out
+
+
+def _each_expanded(layers: Any) -> dict[str, Any]:
+    """A stage's ``layers:`` with each ``each A-B`` group written out as one group per layer (the trial's values go there)."""
+    from paretolab.plugin_api.layers import parse_selector
+
+    out: dict[str, Any] = {}
+    for key, value in (layers or {}).items():
+        if str(key).split()[0] == "each":
+            for sel in parse_selector(key, "layers"):
+                out[sel.name] = copy.deepcopy(value)
+        else:
+            out[str(key)] = copy.deepcopy(value)
     return out
 
 

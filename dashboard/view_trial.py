@@ -9,6 +9,7 @@ import streamlit as st
 
 from paretolab.dashboard import runs
 from paretolab.dashboard.context import Context
+from paretolab.dashboard.layers import group_table, module_table
 from paretolab.dashboard.plots import parallel_coordinates
 from paretolab.dashboard.reproduce import reproduce_yaml
 from paretolab.dashboard.tables import compare_table, key_values
@@ -53,6 +54,10 @@ def trial_page(ctx: Context) -> None:
     with left:
         st.subheader("Parameters")
         st.dataframe(key_values(params or {"(none)": ""}), hide_index=True, width="stretch")
+        groups = group_table(params)
+        if not groups.empty:
+            st.caption("Per layer group (the stage's `layers:`; modules in no group ran with the stage's parameters):")
+            st.dataframe(groups, hide_index=True, width="stretch")
         if detail and detail.params:
             with st.expander("all parameters as run (MLflow)"):
                 st.dataframe(key_values(detail.params), hide_index=True, width="stretch")
@@ -107,6 +112,9 @@ def _tags_and_artifacts(ctx: Context, detail: runs.RunDetail) -> None:
     if TRACEBACK in files:
         st.subheader("Traceback")
         st.code(runs.read_artifact(ctx.stores.tracking_uri, detail, TRACEBACK).decode(errors="replace"), language="python")
+    for path in (f for f in files if f.startswith("layers.") and f.endswith(".json")):
+        st.subheader(f"Per-layer assignment ({path})")
+        st.dataframe(module_table(runs.read_artifact(ctx.stores.tracking_uri, detail, path)), hide_index=True, width="stretch")
     if files:
         st.subheader("Artifacts")
         for i, path in enumerate(files):

@@ -10,16 +10,14 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.layers import linear_modules
 from paretolab.plugin_api.subject import Subject
 
 
-def linear_weights(model: torch.nn.Module, *, skip_lm_head: bool = True) -> Iterator[tuple[str, torch.nn.Linear]]:
-    """The Linear layers a weights method touches (the LM head and tied embeddings are left alone)."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            if skip_lm_head and name.split(".")[-1] in ("lm_head", "embed_out", "output"):
-                continue
-            yield name, module
+def linear_weights(model: torch.nn.Module, *, skip_lm_head: bool = True, scope: frozenset[str] | None = None) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """The Linear layers a weights method touches (the LM head and tied embeddings are left alone), within ``scope``
+    (a per-layer stage's group, :attr:`Subject.scope`; None: all)."""
+    yield from linear_modules(model, skip_lm_head=skip_lm_head, scope=scope)  # type: ignore[misc]
 
 
 class Magnitude(Method):
@@ -32,6 +30,7 @@ class Magnitude(Method):
     name = "magnitude"
     works_on = ("linear",)
     kind = "weights"
+    layerwise = True
     paper = Paper("Learning both Weights and Connections for Efficient Neural Networks", "NeurIPS 2015", "https://arxiv.org/abs/1506.02626")
     cost_is = "simulated"
 
@@ -51,7 +50,7 @@ class Magnitude(Method):
             raise ConfigError(f"magnitude.sparsity must be in [0, 1), got {sparsity}")
         if scope not in ("row", "matrix"):
             raise ConfigError(f"magnitude.scope must be 'row' or 'matrix', got {scope!r}")
-        for name, layer in linear_weights(subject.model):
+        for name, layer in linear_weights(subject.model, scope=subject.scope):
             with torch.no_grad():
                 layer.weight.mul_(magnitude_mask(layer.weight, sparsity, per_row=scope == "row"))
             subject.set_storage(f"{name}.weight", sparse=True)
@@ -79,6 +78,7 @@ class RTN(Method):
     name = "rtn"
     works_on = ("linear",)
     kind = "weights"
+    layerwise = True
     paper = Paper("Round-to-nearest weight quantization (standard baseline)", "", "")
     cost_is = "simulated"
 
@@ -97,7 +97,7 @@ class RTN(Method):
             raise ConfigError(f"rtn.bits must be between 2 and 16, got {bits}")
         if group_size == 0 or group_size < -1:
             raise ConfigError(f"rtn.group_size must be a positive number of input channels or -1 (whole row), got {group_size}")
-        for name, layer in linear_weights(subject.model):
+        for name, layer in linear_weights(subject.model, scope=subject.scope):
             cols = layer.weight.shape[1]
             group = cols if group_size <= 0 else min(group_size, cols)
             with torch.no_grad():

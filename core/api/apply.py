@@ -25,7 +25,7 @@ from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.subject import Subject
 from paretolab.records import StagePlan
 
-Stage = str | tuple[str, dict[str, Any]] | dict[str, Any]
+Stage = str | tuple[str, dict[str, Any]] | dict[str, Any]  # a dict may add "layers": {group: {param: value} | "keep"}
 CALIBRATION_PARAM = "calib_corpus"  # the parameter every calibrating method takes its text from
 
 
@@ -54,18 +54,20 @@ def apply(model: Any, method: str | list[Stage], *, tokenizer: Any = None, calib
     or a model name ``paretolab models list`` knows (``"smollm2-135m"``, ``"tiny-llama"``). The model is
     copied first unless ``inplace=True``. ``calibration``: a corpus name (``pydoc``, ``wikitext2``), a text
     file's path, or a list of texts, for every stage whose method calibrates (its ``calib_corpus``).
-    A stage in a list is ``"name"``, ``("name", {params})`` or ``{"method": name, "params": {...}}``.
+    A stage in a list is ``"name"``, ``("name", {params})`` or ``{"method": name, "params": {...}}``, the last
+    with ``"layers": {"attention": {"bits": 8}, "0-9 mlp": {"bits": 3}}`` for a per-layer setting (a pipeline's
+    ``layers:``, each group one value; see the pipeline reference).
     """
     from paretolab.plugin_api.manager import registries
     from paretolab.study.fields import lookup
-    from paretolab.study.stages import fixed_params
+    from paretolab.study.stages import fixed_layers, fixed_params
     from paretolab.study.trial import apply_plan
 
     if not isinstance(method, (str, list, tuple)):
         raise ConfigError(f"apply: method must be a method name or a list of stages, got {type(method).__name__}")
     if not isinstance(method, str) and params:
         raise ConfigError(f"apply: with a list of stages give each stage its own params, not keyword arguments ({', '.join(sorted(params))})")
-    stages = [(method, params)] if isinstance(method, str) else [_stage(s, i) for i, s in enumerate(method)]
+    stages = [(method, params, None)] if isinstance(method, str) else [_stage(s, i) for i, s in enumerate(method)]
     if not stages:
         raise ConfigError("apply: the list of stages is empty; give at least one method name")
     methods = registries().methods
@@ -75,12 +77,13 @@ def apply(model: Any, method: str | list[Stage], *, tokenizer: Any = None, calib
     with tempfile.TemporaryDirectory(prefix="paretolab-apply-") as tmp:
         corpus = _calibration(calibration, Path(tmp))
         plan = []
-        for i, (name, given) in enumerate(stages):
+        for i, (name, given, layers) in enumerate(stages):
             where = f"apply stage {i} ({name!r})"
             found = lookup(methods, name, f"{where}.method")
             if corpus is not None and CALIBRATION_PARAM in found.defaults() and CALIBRATION_PARAM not in given:
                 given = {**given, CALIBRATION_PARAM: corpus}
-            plan.append(StagePlan(stage=f"s{i}", method=found.name, params=fixed_params(found, given, where)))
+            plan.append(StagePlan(stage=f"s{i}", method=found.name, params=fixed_params(found, given, where),
+                                  layers=fixed_layers(found, layers, f"{where}.layers") if layers is not None else {}))
         if corpus is not None and not any(CALIBRATION_PARAM in methods.get(s.method).defaults() for s in plan):
             raise ConfigError(f"apply: calibration= was given but none of {', '.join(s.method for s in plan)} calibrates; drop it")
         if subject.tokenizer is None and any(CALIBRATION_PARAM in methods.get(s.method).defaults() for s in plan):
@@ -100,14 +103,15 @@ def apply(model: Any, method: str | list[Stage], *, tokenizer: Any = None, calib
                    cost_is={m.name: m.cost_is for m in ran}, info={k: v for k, v in subject.info.items() if isinstance(v, (str, int, float, bool))})
 
 
-def _stage(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
+def _stage(raw: Any, index: int) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
     if isinstance(raw, str):
-        return raw, {}
+        return raw, {}, None
     if isinstance(raw, tuple) and len(raw) == 2 and isinstance(raw[0], str) and isinstance(raw[1], dict):
-        return raw[0], dict(raw[1])
-    if isinstance(raw, dict) and isinstance(raw.get("method"), str) and set(raw) <= {"method", "params"}:
-        return raw["method"], dict(raw.get("params") or {})
-    raise ConfigError(f"apply stage {index}: expected 'name', ('name', {{params}}) or {{'method': name, 'params': {{...}}}}, got {raw!r}")
+        return raw[0], dict(raw[1]), None
+    if isinstance(raw, dict) and isinstance(raw.get("method"), str) and set(raw) <= {"method", "params", "layers"}:
+        return raw["method"], dict(raw.get("params") or {}), raw.get("layers")
+    raise ConfigError(f"apply stage {index}: expected 'name', ('name', {{params}}) or {{'method': name, 'params': {{...}}, "
+                      f"'layers': {{group: {{...}}}}}}, got {raw!r}")
 
 
 def _as_subject(model: Any, tokenizer: Any) -> Subject:

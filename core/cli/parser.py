@@ -13,6 +13,8 @@ from paretolab.cli.manage import cmd_check, cmd_studies
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
+from paretolab.cli.interaction import add_parser as add_interaction
+from paretolab.cli.sensitivity import add_parser as add_sensitivity
 from paretolab.cli.suggest import SuggestingParser
 from paretolab.results import REPORT_METRICS
 
@@ -24,6 +26,7 @@ EPILOG = """examples:
   paretolab studies --prune                       remove interrupted studies that have no complete trial
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab export demo 7 --out demo-7            trial 7's model, loadable by transformers
+  paretolab sensitivity --model smollm2-135m --method rtn --params bits=3   per-layer quality cost, table and plot
   paretolab bundle export demo --out demo.jsonl.gz  the study's whole record in one file; `bundle import` loads it
   paretolab report demo --bundle demo.jsonl.gz    the report from a bundle, no store needed
   paretolab results status                        which results documents' studies need a rerun
@@ -199,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--save-as", metavar="NAME", help="also keep the model as a model source NAME (`paretolab models list`; `model: NAME` in a pipeline)")
     _store_flags(export)
     export.set_defaults(func=cmd_export)
+    add_sensitivity(sub)
 
     report = sub.add_parser("report", help="method-vs-baseline tables of studies, as Markdown", description=(
         "For each study, group complete trials by method (the stages that ran, e.g. 'wanda+rtn') and print "
@@ -214,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bundle_flag(report)
     _store_flags(report)
     report.set_defaults(func=cmd_report)
+    add_interaction(sub, _bundle_flag, _store_flags)
 
     bundle = sub.add_parser("bundle", help="a study's complete record in one file: export it, import it into other stores", description=(
         "A bundle holds studies whole: the pipeline and its hash, every trial (state, params, metrics with their intervals, "

@@ -73,7 +73,7 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
                 target.write_text(f"{LEGACY_BANNER}\n\n{old}", encoding="utf-8")
                 print(f"marked {doc.path} stale: none of its studies has a bundle yet")
             continue
-        text = render_document(doc, source)
+        text = render_document(doc, source, root)
         if check:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 stale.append(doc.path)

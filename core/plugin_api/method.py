@@ -59,6 +59,10 @@ class Method:
     # False only for a method whose output at a position reads later tokens by design (a prefill that selects tokens
     # by the prompt's last queries): the contract's causality check is then skipped, and says so.
     causal: ClassVar[bool] = True
+    # True for a method whose transform changes only the modules in ``subject.scope`` when it is set (``linear_weights(...,
+    # scope=subject.scope)``): a pipeline may then give its parameters per layer group (``layers:``), and
+    # ``paretolab sensitivity`` may apply it to one group at a time. ``layer_modules`` lists what it would change.
+    layerwise: ClassVar[bool] = False
 
     def search_space(self) -> dict[str, BaseDistribution]:
         """The method's own parameters as Optuna distributions (used where a pipeline is silent)."""
@@ -80,6 +84,12 @@ class Method:
         """Extra cost metrics, after the standard measures ran. Default: none."""
         return {}
 
+    def layer_modules(self, subject: Subject) -> list[str]:
+        """The modules a per-layer stage divides into groups (default: the Linear layers but the LM head)."""
+        from paretolab.plugin_api.layers import linear_modules
+
+        return [name for name, _ in linear_modules(subject.model)]
+
     def cost_of(self, params: dict[str, Any], subject: Subject) -> str:
         """Whether this trial's saving is ``real`` or ``simulated``, after ``transform`` ran with ``params`` (default: ``cost_is``).
 
@@ -95,6 +105,7 @@ class Method:
             "kind": self.kind,
             "paper": str(self.paper) if self.paper else "",
             "cost_is": self.cost_is,
+            **({"layerwise": True} if self.layerwise else {}),
             "metrics": list(self.metrics),
             **({"works_on": list(self.works_on)} if self.works_on else {}),
             **({"replaces": list(self.replaces)} if self.replaces else {}),

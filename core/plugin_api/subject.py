@@ -66,6 +66,8 @@ class Subject:
     # paretolab.training.hooks.Training: hooks training-time methods attached, tokens/FLOPs trained, the curve (None: never trained here)
     training: Any = None
     router: Any = None  # a routing method's policy over the role models (None: the subject's own model answers)
+    # The modules a layerwise method may change now (a per-layer stage applies it group by group); None: every module
+    scope: frozenset[str] | None = field(default=None, repr=False)
 
     def storage_of(self, param_name: str) -> TensorStorage:
         """How parameter ``param_name`` is stored (dense in its dtype unless a method said otherwise)."""

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.errors import ConfigError
+from paretolab.results.extras import check_extras
 
 MANIFEST = Path("results") / "documents.yaml"
 BUNDLES = Path("results") / "bundles"
-DOCUMENT_KEYS = ("path", "family", "title", "studies", "metrics", "trials", "prepare", "timed")
+DOCUMENT_KEYS = ("path", "family", "title", "studies", "metrics", "trials", "prepare", "timed", "extras")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Document:
     trials: str
     prepare: tuple[str, ...]
     timed: frozenset[str]
+    extras: tuple[dict[str, Any], ...] = ()  # sections after the studies' (paretolab.results.extras): sensitivity, interaction
 
 
 def read_manifest(root: Path) -> list[Document]:
@@ -63,7 +65,8 @@ def read_manifest(root: Path) -> list[Document]:
             raise ConfigError(f"{where}.timed: {sorted(timed - set(studies))[0]!r} is not among its studies")
         out.append(Document(str(entry["path"]), str(entry["family"]), str(entry["title"]), studies,
                             tuple(m.strip() for m in str(metrics).split(",") if m.strip()) if metrics else (),
-                            trials, tuple(str(c) for c in entry.get("prepare") or []), timed))
+                            trials, tuple(str(c) for c in entry.get("prepare") or []), timed,
+                            check_extras(entry.get("extras"), studies, where)))
     families = [d.family for d in out]
     twice = sorted({f for f in families if families.count(f) > 1})
     if twice:
@@ -198,7 +201,7 @@ same replicate (seed, calibration draw, split) and settings, one verdict per set
 carrying both the replicate-to-replicate and the example-to-example noise (docs/tutorials/verdicts.md)."""
 
 
-def render_document(doc: Document, source: Any) -> str:
+def render_document(doc: Document, source: Any, root: Path | None = None) -> str:
     """The whole Markdown document from ``source`` (a BundleSource for the committed documents): provenance first."""
     from paretolab.results.section import study_section
 
@@ -224,6 +227,10 @@ def render_document(doc: Document, source: Any) -> str:
         HEAD,
         "",
     ]
+    if doc.extras and root is not None:
+        from paretolab.results.extras import render_extras
+
+        sections += render_extras(doc.extras, source, root, doc.path)
     return "\n".join(head + sections)
 
 

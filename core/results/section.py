@@ -89,7 +89,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
     for r in shown:
         # what the pipeline set, fixed or searched (Optuna knows only the searched ones)
         given = {f"{m}.{k}": v for key, v in r["run_params"].items() if key.count(".") == 2
-                 for _, m, k in [key.split(".")] if k in named.get(m, ())}
+                 for _, m, k in [key.split(".")] if k in named.get(m, ()) or "/" in k}  # k/GROUP: a per-layer group's value
         r["params"] = given or r["params"]
         r["cost"] = f"simulated ({r['simulated_by']})" if r.get("simulated_by") else "real"
     columns = _size_ratios(shown, columns)

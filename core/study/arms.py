@@ -16,7 +16,7 @@ from typing import Any
 
 from paretolab.errors import ConfigError
 from paretolab.study.report_spec import split_label
-from paretolab.study.stages import Fixed, Stage, param_prefix, to_distribution
+from paretolab.study.stages import Fixed, Stage, group_params, param_prefix, to_distribution
 
 NONE = "none"
 
@@ -45,6 +45,8 @@ def searched(stages: tuple[Stage, ...], regs: Any) -> dict[str, tuple[str, str, 
                 else:
                     dist = Fixed(defaults[key])  # a default no search touches
                 out[f"{prefix}.{key}"] = (option.method, key, dist)
+            for name, group, key, given in group_params(option, prefix):  # per layer group: key ``bits/attention``
+                out[name] = (option.method, f"{key}/{group.name}", given if isinstance(given, Fixed) else to_distribution(given))
     return out
 
 

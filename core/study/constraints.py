@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.numbers import metric_value
 from paretolab.study.arms import arm_params, in_arm
 from paretolab.study.fields import lookup, no_unknown
 
@@ -51,8 +52,8 @@ class Constraint:
     def describe(self, reference: float | None = None) -> str:
         sign = "<=" if self.upper else ">="
         if self.ratio_to is None:
-            return f"{self.metric} {sign} {self.bound:g}"
-        ref = f" = {self.limit(reference):.5g}" if reference is not None else ""
+            return f"{self.metric} {sign} {metric_value(self.metric, self.bound)}"
+        ref = f" = {metric_value(self.metric, self.limit(reference))}" if reference is not None else ""
         return f"{self.metric} {sign} {self.bound:g} x {self.ratio_to}{ref}"
 
 
@@ -151,7 +152,7 @@ def judge(constraints: tuple[Constraint, ...], metrics: dict[str, float], refs: 
         v = c.violation(value, refs.get(i))
         values.append(v)
         if v > 0:
-            broken.append(f"{c.metric} {value:.5g} breaks {c.describe(refs.get(i))}")
+            broken.append(f"{c.metric} {metric_value(c.metric, value)} breaks {c.describe(refs.get(i))}")
     return values, "; ".join(broken)
 
 

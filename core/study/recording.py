@@ -96,6 +96,9 @@ def _flat_params(plan: list[StagePlan]) -> dict[str, Any]:
         out[f"{stage.stage}.method"] = stage.method
         for key, value in stage.params.items():
             out[f"{stage.stage}.{stage.method}.{key}"] = value
+        for group, values in stage.layers.items():  # a per-layer stage: each group's own values, or keep
+            for key, value in (values or {"": "keep"}).items():
+                out[f"{stage.stage}.{stage.method}.{key}/{group}" if key else f"{stage.stage}.{stage.method}/{group}"] = value
     return out
 
 

@@ -232,6 +232,7 @@ def stage_params(stages: tuple[Any, ...], regs: Any) -> set[str]:
         for option in stage.options:
             method = regs.methods.get(option.method)
             out |= {f"{option.method}.{p}" for p in {*method.search_space(), *method.defaults(), *option.params}}
+            out |= {f"{option.method}.{p}/{group.name}" for group in getattr(option, "layers", ()) for p in group.params}  # per layer group
     return out
 
 

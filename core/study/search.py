@@ -17,7 +17,7 @@ from optuna.distributions import (
 from paretolab.errors import ConfigError
 from paretolab.records import StagePlan
 from paretolab.study.spec import StudySpec
-from paretolab.study.stages import Fixed, param_prefix, to_distribution
+from paretolab.study.stages import Fixed, group_params, param_prefix, to_distribution
 
 
 def plan_trial(trial: optuna.Trial | optuna.trial.FixedTrial, spec: StudySpec) -> list[StagePlan]:
@@ -42,7 +42,10 @@ def plan_trial(trial: optuna.Trial | optuna.trial.FixedTrial, spec: StudySpec) -
                 continue
             dist = to_distribution(given) if given is not None else space[key]
             params[key] = _suggest(trial, f"{prefix}.{key}", dist)
-        plan.append(StagePlan(stage=stage.id, method=option.method, params=params))
+        layers: dict[str, dict[str, Any] | None] = {g.name: None if g.keep else {} for g in option.layers}
+        for name, group, key, given in group_params(option, prefix):
+            layers[group.name][key] = given.value if isinstance(given, Fixed) else _suggest(trial, name, to_distribution(given))
+        plan.append(StagePlan(stage=stage.id, method=option.method, params=params, layers=layers))
     return plan
 
 
@@ -122,6 +125,10 @@ def _option_axes(spec: StudySpec, *, enumerate_values: bool) -> Any:
                 dist = to_distribution(given) if given is not None else space[key]
                 name = f"{prefix}.{key}"
                 axes.append((name, _enumerate(dist, name) if enumerate_values else _Count(_count(dist, name))))
+            for name, _group, _key, given in group_params(option, prefix):
+                if not isinstance(given, Fixed):
+                    dist = to_distribution(given)
+                    axes.append((name, _enumerate(dist, name) if enumerate_values else _Count(_count(dist, name))))
             base = {f"{stage.id}.method": option.method} if len(stage.options) > 1 else {}
             yield index, option, base, axes
 

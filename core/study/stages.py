@@ -37,9 +37,19 @@ ParamSpec = Fixed | Choices | Range
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """One group of a per-layer stage (``layers:``): its own values, the stage's ``params`` filling in the rest."""
+
+    name: str  # the canonical selector (``attention``, ``0-9 mlp``, ``3``) or ``rest``
+    params: dict[str, ParamSpec]
+    keep: bool = False  # ``keep``: the method leaves these modules as they are
+
+
+@dataclass(frozen=True)
 class StageOption:
     method: str
     params: dict[str, ParamSpec]
+    layers: tuple[LayerGroup, ...] = ()  # empty: one setting for the whole model
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,17 @@ def param_prefix(stages: tuple[Stage, ...], stage_id: str, method: str) -> str:
     """Optuna parameter names are `method.param`, or `stage.method.param` if a method occurs twice."""
     count = sum(1 for s in stages for o in s.options if o.method == method)
     return method if count == 1 else f"{stage_id}.{method}"
+
+
+def layer_param_name(prefix: str, key: str, group: str) -> str:
+    """The Optuna name of a parameter given per layer group: ``rtn.bits/attention``, ``rtn.bits/0-9 mlp``."""
+    return f"{prefix}.{key}/{group}"
+
+
+def group_params(option: StageOption, prefix: str) -> list[tuple[str, LayerGroup, str, ParamSpec]]:
+    """(Optuna name, group, parameter, value spec) of every value a per-layer stage gives a group, in a fixed order."""
+    return [(layer_param_name(prefix, key, group.name), group, key, spec)
+            for group in option.layers for key, spec in sorted(group.params.items())]
 
 
 def to_distribution(param: Choices | Range) -> Any:
@@ -85,11 +106,11 @@ def parse_stage(raw: Any, index: int, regs: Any) -> Stage:
     where = f"stages[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected {{method: NAME, params: {{...}}}} or {{choice: [...]}}, got {raw!r}")
-    no_unknown(raw, ("method", "params", "choice", "id"), where + ".")
+    no_unknown(raw, ("method", "params", "layers", "choice", "id"), where + ".")
     stage_id = raw.get("id", f"stage{index}")
     if "choice" in raw:
-        if "method" in raw or "params" in raw:
-            raise ConfigError(f"{where}: give either `method` (with `params`) or `choice`, not both")
+        if "method" in raw or "params" in raw or "layers" in raw:
+            raise ConfigError(f"{where}: give either `method` (with `params`, `layers`) or `choice`, not both")
         choices = raw["choice"]
         if not isinstance(choices, list) or len(choices) < 2:
             raise ConfigError(f"{where}.choice: expected a list of at least two {{method: ...}} entries, got {choices!r}")
@@ -105,23 +126,67 @@ def parse_stage(raw: Any, index: int, regs: Any) -> Stage:
 def _parse_option(raw: Any, where: str, regs: Any) -> StageOption:
     if not isinstance(raw, dict) or "method" not in raw:
         raise ConfigError(f"{where}: expected a mapping with `method`, got {raw!r}")
-    no_unknown(raw, ("method", "params", "id"), where + ".")
+    no_unknown(raw, ("method", "params", "layers", "id"), where + ".")
     method = lookup(regs.methods, raw["method"], f"{where}.method")
     params_raw = raw.get("params") or {}
     if not isinstance(params_raw, dict):
         raise ConfigError(f"{where}.params: expected a mapping, got {params_raw!r}")
+    params = _option_params(method, params_raw, f"{where}.params")
+    layers = _parse_layers(method, raw["layers"], f"{where}.layers") if "layers" in raw else ()
+    return StageOption(method=method.name, params=params, layers=layers)
+
+
+def _option_params(method: Any, raw: dict[str, Any], where: str) -> dict[str, ParamSpec]:
     known = set(method.search_space()) | set(method.defaults())
     params = {}
-    for key, value in params_raw.items():
+    for key, value in raw.items():
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"{where}.params.{key}: method {method.name!r} has no parameter {key!r}{hint} "
+                f"{where}.{key}: method {method.name!r} has no parameter {key!r}{hint} "
                 f"(known: {', '.join(sorted(known)) or 'none'})"
             )
-        params[key] = _check_param(method, key, _parse_param(value, f"{where}.params.{key}"), f"{where}.params.{key}")
-    return StageOption(method=method.name, params=params)
+        params[key] = _check_param(method, key, _parse_param(value, f"{where}.{key}"), f"{where}.{key}")
+    return params
+
+
+def _parse_layers(method: Any, raw: Any, where: str) -> tuple[LayerGroup, ...]:
+    """``layers: {GROUP: {param: value | [values] | {low, high}} | keep, ..., rest: keep}`` of one stage."""
+    from paretolab.plugin_api.layers import HELP, REST, check_disjoint, parse_selector
+
+    if not method.layerwise:
+        from paretolab.plugin_api.manager import registries
+
+        able = sorted(m.name for m in registries().methods if getattr(m, "layerwise", False))
+        raise ConfigError(f"{where}: method {method.name!r} takes one setting for the whole model (it is not `layerwise`); "
+                          f"drop `layers:`, or use a method that applies per layer group ({', '.join(able) or 'none'})")
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: expected a mapping of layer groups to parameters, like {{attention: {{bits: [4, 8]}}, mlp: {{bits: [2, 3, 4]}}}}; "
+                          f"each group is {HELP}")
+    groups: list[LayerGroup] = []
+    selectors = []
+    for key, value in raw.items():
+        at = f"{where}.{key}"
+        if key == REST:
+            if value != "keep":
+                raise ConfigError(f"{at}: {value!r}: `rest` takes only `keep` (leave the modules no group names as they are); "
+                                  "without it they get the stage's `params`")
+            groups.append(LayerGroup(REST, {}, keep=True))
+            continue
+        found = parse_selector(key, at)
+        if value == "keep":
+            params: dict[str, ParamSpec] = {}
+        elif isinstance(value, dict) and value:
+            params = _option_params(method, value, at)
+        else:
+            raise ConfigError(f"{at}: expected this group's parameters, like {{bits: [2, 3, 4]}}, or `keep`; got {value!r}")
+        groups += [LayerGroup(sel.name, params, keep=value == "keep") for sel in found]
+        selectors += found
+    check_disjoint(selectors, where)
+    if not selectors:
+        raise ConfigError(f"{where}: `rest: keep` alone leaves every module as it is; name at least one group ({HELP})")
+    return tuple(groups)
 
 
 def fixed_params(method: Any, params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -141,6 +206,20 @@ def fixed_params(method: Any, params: dict[str, Any], where: str) -> dict[str, A
         raise ConfigError(f"{where}: method {method.name!r} has no default for {', '.join(missing)}; give "
                           + ", ".join(f"{k}=<value>" for k in missing))
     return merged
+
+
+def fixed_layers(method: Any, layers: Any, where: str) -> dict[str, dict[str, Any] | None]:
+    """One per-layer setting (``paretolab.apply``'s ``layers``) as a StagePlan's: each group one value, checked as a pipeline's."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for group in _parse_layers(method, layers, where):
+        if group.keep:
+            out[group.name] = None
+            continue
+        searched = [k for k, spec in group.params.items() if not isinstance(spec, Fixed)]
+        if searched:
+            raise ConfigError(f"{where}.{group.name}.{searched[0]}: one setting takes one value, not a list or a range; give a single value")
+        out[group.name] = {k: spec.value for k, spec in group.params.items()}
+    return out
 
 
 def _check_param(method: Any, key: str, param: ParamSpec, where: str) -> ParamSpec:

@@ -167,7 +167,12 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
         t0 = time.perf_counter()
         if meter is not None:
             meter.begin(f"transform:{stage.stage}")
-        subject = method.transform(subject, dict(stage.params), ctx)
+        if stage.layers:
+            from paretolab.study.layered import apply_by_layer
+
+            subject = apply_by_layer(method, subject, stage, ctx)
+        else:
+            subject = method.transform(subject, dict(stage.params), ctx)
         if not isinstance(subject, Subject):
             raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
         if base is not None and shared_tokenizer is not None:

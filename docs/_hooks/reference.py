@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = {
     "README.md": "compression", "DECODING.md": "decoding", "TRAINING.md": "training", "MOE.md": "moe",
     "ROUTING.md": "routing", "ENCODINGS.md": "encodings", "SEED_ROWS.md": "seed-rows", "UPIPE.md": "upipe",
-    "OMNISIFT.md": "omnisift", "APM.md": "apm", "ENGINES.md": "engines",
+    "OMNISIFT.md": "omnisift", "APM.md": "apm", "ENGINES.md": "engines", "LAYERS.md": "layers",
 }
 INCLUDED = {"development/architecture.md": ROOT / "ARCHITECTURE.md", "development/deploy.md": ROOT / "deploy" / "README.md"}
 METHODS_MARK = re.compile(r"<!-- paretolab:methods ([^>]*?) -->")
@@ -177,12 +177,16 @@ def pipeline_page() -> str:
         out.append("")
     out += ["## Methods and their parameters", "",
             "`stages: [{method: NAME, params: {PARAM: VALUE | [choices] | {low, high, log, step}}}]`; an omitted "
-            "parameter searches the method's own space. The [methods catalog](../methods/index.md) groups them by family.", "",
+            "parameter searches the method's own space. A method marked *per layer* also takes "
+            "`layers: {GROUP: {PARAM: ...} | keep, ..., rest: keep}` (GROUP: `attention`, `mlp`, a module name, `0-9`, `0-9 mlp`, "
+            "`each 0-29`), searched as `method.param/GROUP`; see [per-layer settings](../guides/layers.md). "
+            "The [methods catalog](../methods/index.md) groups them by family.", "",
             "| method | kind | cost | search space |", "|---|---|---|---|"]
     for method in sorted(regs.methods, key=lambda m: m.name):
         d = method.describe()
         space = "; ".join(f"`{k}`: {v}" for k, v in d["search_space"].items())
-        out.append(f"| `{d['name']}` | {d['kind']} | {d['cost_is']} | {_cell(space)} |")
+        kind = d["kind"] + (", per layer" if d.get("layerwise") else "")
+        out.append(f"| `{d['name']}` | {kind} | {d['cost_is']} | {_cell(space)} |")
     return "\n".join(out) + "\n"
 
 
@@ -284,7 +288,7 @@ def _relink(text: str, source: Path, here: str) -> str:
     pages.update({path.resolve(): uri for uri, path in INCLUDED.items()})
 
     def repl(m: re.Match) -> str:
-        label, target = m.group(1), m.group(2)
+        label, target = m.group(2), m.group(3)
         if re.match(r"[a-z]+://|#|mailto:", target):
             return m.group(0)
         path, _, anchor = target.partition("#")
@@ -295,8 +299,8 @@ def _relink(text: str, source: Path, here: str) -> str:
             shown = resolved.relative_to(ROOT)
         except ValueError:
             shown = Path(target)
-        return f"{label} (`{shown}`)"
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", repl, text)
+        return f"{label} (`{shown}`)"  # an image too: the site has no copy of it
+    return re.sub(r"(!?)\[([^\]]+)\]\(([^)\s]+)\)", repl, text)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:

@@ -9,6 +9,7 @@ import optuna
 import pytest
 import yaml
 
+from paretolab.plugin_api.numbers import metric_value
 from paretolab.results.frontier import pareto_indices
 from tests.conftest import cli_here, run_cli
 from tests.study.test_study import mlflow_trial_runs, optuna_trials
@@ -54,7 +55,7 @@ def test_a_constrained_study_judges_every_trial_against_its_reference_and_keeps_
         assert t.user_attrs["feasible"] == (t.values[0] <= limit and t.values[1] >= SMALLEST), (t.number, t.values, limit)
         assert t.constraints == {"0": pytest.approx(t.values[0] - limit), "1": pytest.approx(SMALLEST - t.values[1])}  # what NSGA-II and TPE read
         if t.values[1] < SMALLEST:
-            assert f"size_bytes {t.values[1]:.5g} breaks size_bytes >= 90000" in t.user_attrs["infeasible_because"]
+            assert f"size_bytes {metric_value('size_bytes', t.values[1])} breaks size_bytes >= 90 kB" in t.user_attrs["infeasible_because"]
     infeasible = {t.number for t in trials if not t.user_attrs["feasible"]}
     unconstrained = {trials[i].number for i in pareto_indices([t.values for t in trials], ["minimize", "minimize"])}
     assert infeasible & unconstrained  # the bound matters here: an infeasible trial would be on the plain frontier
