@@ -1,16 +1,13 @@
 """A contract test suite that every method's tests reuse by overriding one fixture.
 
-Usage in a plugin's tests::
-
-    from paretolab.testing import MethodContract
+Usage in a plugin's tests (``from paretolab.testing import MethodContract``)::
 
     class TestMyMethod(MethodContract):
         @pytest.fixture
         def method(self):
             return MyMethod()
 
-The suite runs each check on a tiny random Llama (override ``subject`` for another model, and
-``params`` to pin parameters). It needs pytest, which plugin authors have in their test envs.
+It runs each check on a tiny random Llama (override ``subject`` for another model, ``params`` to pin parameters).
 """
 
 from __future__ import annotations
@@ -28,10 +25,12 @@ import optuna
 import pytest
 import torch
 
+from paretolab.errors import ConfigError
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.devices import tensors_default_to
 from paretolab.plugin_api.method import KINDS, Method
 from paretolab.plugin_api.subject import Subject
+from paretolab.records import StagePlan, TrialSettings
 from paretolab.study.metric_owners import ownership_problem
 
 
@@ -135,7 +134,6 @@ def _env(**values: str) -> Iterator[None]:
 
 def check_tensor_devices(method: Method, subject: Subject, params: dict[str, Any]) -> None:
     """transform, the task, evaluate and measure make every tensor on the model's device (see tensors_default_to)."""
-    from paretolab.records import StagePlan
     from paretolab.study.trial import run_trial
 
     roles = contract_roles(method, subject)
@@ -212,7 +210,6 @@ class MethodContract:
         assert problem is None, problem
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
-        from paretolab.records import StagePlan, TrialSettings
         from paretolab.study.trial import run_trial
 
         settings = TrialSettings("contract", "perplexity", {"max_tokens": 256, "context": 64, "stride": 64}, {"size": {}, "params": {}}, seed=0)
@@ -301,8 +298,11 @@ class MethodContract:
 
     def test_a_layerwise_method_keeps_to_its_scope(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         """``layerwise = True`` promises a transform that changes only ``subject.scope``'s modules (a per-layer stage's group)."""
-        if not method.layerwise:
-            pytest.skip("not layerwise: it changes the whole model at once")
+        if not method.layerwise:  # then a per-layer stage of it is refused, never run on the whole model per group
+            from paretolab.study.layered import apply_by_layer
+            with pytest.raises(ConfigError, match="is not layerwise"):
+                apply_by_layer(method, subject.copy(), StagePlan("stage0", method.name, dict(params), {"0-1": {}}), ctx)
+            return
         own, first = subject.copy(), method.layer_modules(subject)[0]
         before, own.scope = {k: v.detach().clone() for k, v in own.model.state_dict().items()}, frozenset({first})
         out = method.transform(own, dict(params), ctx)
@@ -346,7 +346,6 @@ class LearnerMethodContract(MethodContract):
         return resolve_model(method.kind).load()
 
     def _metrics(self, method: Method, subject: Subject, params: dict[str, Any], seed: int = 0) -> dict[str, float]:
-        from paretolab.records import StagePlan, TrialSettings
         from paretolab.study.trial import run_trial
 
         settings = TrialSettings("contract", method.kind, LEARNER_CONTRACT_TASKS[method.kind], {}, seed=seed)
