@@ -371,28 +371,6 @@ class LearnerMethodContract(MethodContract):
             results.append(self._metrics(method, subject, params, seed=7))
         assert results[0] == results[1], "the fit depends on torch's global RNG state: seed from the trial's seed instead"
 
-    def test_is_causal(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
-        from paretolab.generation.causality import causal_gap
-
-        if method.kind in LEARNER_CONTRACT_TASKS:
-            pytest.skip("no language model: nothing computes over positions")
-        out = method.transform(subject.copy(), dict(params), ctx)
-        ids = torch.randint(0, int(getattr(out.model.config, "vocab_size", 256)), (1, 48), generator=torch.Generator().manual_seed(0)).to(out.device)
-        gap = causal_gap(out.model, ids, 24)
-        assert gap <= CAUSAL_TOLERANCE, f"logits at a prefix change by {gap:.3g} (relative) when tokens are appended: position t must not read tokens after t"
-
-    def test_a_saving_changes_what_it_saves(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
-        if method.kind in LEARNER_CONTRACT_TASKS:
-            pytest.skip("no language model: its saving is the learner's")
-        before, size = logits_of(subject), reported_bytes(subject, ctx)
-        out = method.transform(subject.copy(), dict(params), ctx)
-        after, saved = logits_of(out), reported_bytes(out, ctx) < size
-        if method.lossless:
-            assert torch.equal(after, before), "declared lossless, but its output differs from the base model's"
-        elif saved:
-            assert not torch.equal(after, before), (f"reports a saving (size_bytes {reported_bytes(out, ctx)} < {size}) while computing exactly the "
-                                                    "base model's output: change what it claims to save, or declare lossless = True")
-
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         own = subject.copy()
         before = observable_state(own)

@@ -25,6 +25,22 @@ resources: {cpus: 1, gpus: 0}
 """
 
 
+@pytest.fixture
+def register(request):
+    """Register a test's method for the test only; its owner is the module's ``PLUGIN_OWNER`` (default ``test``)."""
+    from paretolab.plugin_api import manager
+    from paretolab.plugin_api.manager import registries
+
+    owner = getattr(request.module, "PLUGIN_OWNER", "test")
+
+    def add(method):
+        registries().methods.register(method, owner=owner)
+        return method
+
+    yield add
+    manager.reset()
+
+
 def one_line(proc: subprocess.CompletedProcess, *, lines: int = 1) -> str:
     """The error of a refused command: exit code 2, no traceback, ``lines`` lines on stderr (the first returned)."""
     err = [line for line in proc.stderr.splitlines() if line.strip()]

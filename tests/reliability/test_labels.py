@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from optuna.distributions import CategoricalDistribution
 
 from paretolab import Method
@@ -38,18 +37,6 @@ class Garbled(Sometimes):
     def cost_of(self, params, subject):
         return "maybe"
 
-
-@pytest.fixture
-def register():
-    from paretolab.plugin_api import manager
-    from paretolab.plugin_api.manager import registries
-
-    def add(method):
-        registries().methods.register(method, owner="test")
-        return method
-
-    yield add
-    manager.reset()
 
 
 def test_the_label_follows_the_trial_s_setting(register, tiny):

@@ -21,18 +21,6 @@ def raising(exc):
     return Raises()
 
 
-@pytest.fixture
-def register():
-    from paretolab.plugin_api import manager
-    from paretolab.plugin_api.manager import registries
-
-    def add(method):
-        registries().methods.register(method, owner="test")
-        return method
-
-    yield add
-    manager.reset()
-
 
 @pytest.mark.parametrize("exc, expected", [
     (KeyboardInterrupt(), "KeyboardInterrupt: interrupted inside the trial"),
