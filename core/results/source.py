@@ -81,8 +81,10 @@ class StoreSource(_Readers):
     def stored_study(self, name: str) -> Any:
         """From a SQLite store, read with the standard library (no Optuna import: `frontier`'s fast path); else Optuna."""
         if name not in self._stored:
+            from paretolab.stores.open import check_readable
             from paretolab.stores.optuna_sqlite import read_study
 
+            check_readable(self.stores)  # a damaged, empty or partial store is refused in one line, on this path as on Optuna's
             self._stored[name] = read_study(self.stores.optuna_url, name) or super().stored_study(name)
         return self._stored[name]
 

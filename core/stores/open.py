@@ -20,6 +20,8 @@ T = TypeVar("T")
 
 def sqlite_file(url: str) -> Path | None:
     """The file behind a ``sqlite:///`` URL, else None."""
+    if url.startswith("sqlite:///") and "?" not in url and "%" not in url:  # the usual store: no SQLAlchemy import (`frontier`)
+        return Path(url[len("sqlite:///"):]).expanduser()
     from sqlalchemy.engine import make_url
 
     try:

@@ -12,8 +12,11 @@ does not know): the caller then asks Optuna, which also words the errors.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import math
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +66,8 @@ def read_study(url: str, name: str) -> StoredStudy | None:
 
 
 def _read(conn: sqlite3.Connection, name: str) -> StoredStudy | None:
+    if [row[0] for row in conn.execute("SELECT version_num FROM alembic_version")] != [_schema_head()]:
+        return None  # an older or newer schema than the installed Optuna's: Optuna reads it, or words why it cannot
     found = conn.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchall()
     if len(found) != 1:
         return None
@@ -84,6 +89,22 @@ def _read(conn: sqlite3.Connection, name: str) -> StoredStudy | None:
     trials = [StoredTrial(numbers[t], [values.get(t, {})[i] for i in range(len(directions))], params.get(t, {}), user.get(t, {}))
               for t in sorted(numbers, key=numbers.__getitem__)]
     return StoredStudy(name, attrs, directions, trials)
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_head() -> str | None:
+    """The installed Optuna's newest schema revision, read from its Alembic scripts' text (Optuna is not imported)."""
+    spec = importlib.util.find_spec("optuna")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    versions = Path(next(iter(spec.submodule_search_locations))) / "storages" / "_rdb" / "alembic" / "versions"
+    revisions, parents = set(), set()
+    for script in versions.glob("*.py"):
+        text = script.read_text(encoding="utf-8")
+        revisions.update(re.findall(r'^revision\s*=\s*["\']([^"\']+)', text, re.M))
+        parents.update(re.findall(r'^down_revision\s*=\s*["\']([^"\']+)', text, re.M))
+    heads = revisions - parents
+    return next(iter(heads)) if len(heads) == 1 else None
 
 
 def _value(value: float | None, kind: str) -> float:

@@ -56,7 +56,7 @@ def test_a_per_layer_trial_exports_per_group_schemes_that_transformers_loads_wit
     from transformers import AutoModelForCausalLM
 
     from paretolab.api.export import export
-    from paretolab.api.fidelity import logit_gap, probe_logits
+    from paretolab.data.fidelity import logit_gap, probe_logits
     from paretolab.stores.locations import resolve_stores
 
     folder, trials = study
