@@ -3,9 +3,9 @@
     python benchmarks/tokenizer.py [--runs 3] [--sizes 20000,200000,2000000] [--out docs/tokenizer_cpu.json]
 
 Inputs: prose (the whole WikiText-2 test split) and code (80 stdlib modules, 1 MB), then at every
-``--sizes`` (bytes): prose from two corpora, WikiText-2 test and the Python reference manual
-(pydoc), cut to that size (cycled when a corpus is shorter: WikiText-2 is 1.29 MB, pydoc 0.47 MB,
-so at 2 MB the prose repeats, which only makes prose cheaper and the ratios below stricter), and a
+``--sizes`` (bytes): prose from two corpora cut to that size, never repeated where the data is on
+this machine (``tokenizer_prose``: Wikipedia, WikiText-2 test then BoolQ's passages; Python
+documentation, the reference manual (pydoc) then the standard library's docstrings), and a
 worst-case set: a run of every ASCII punctuation character, unspaced random letters, random
 digits, runs of é, 中 and 🙂, the tokens with the deepest merge trees repeated without spaces, and
 inputs the engine was not tuned on (``_inputs.UNTUNED``: base64, hex, URLs, minified code, CJK
@@ -52,9 +52,9 @@ from typing import Any
 
 from paretolab.data import load_corpus
 from paretolab.measure.timing import cpu_name, settle_allocator
+from tokenizer_prose import PROSE, cut, prose_corpora
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-PROSE = ("wikitext2", "pydoc")
 OTHERS_UP_TO = 200_000  # HF and tiktoken are timed on inputs up to this many bytes
 
 
@@ -65,18 +65,6 @@ def merge_depth(tables: Any) -> list[int]:
         if tables.rank[t] >= 0:
             depth[t] = 1 + max(depth[tables.left[t]], depth[tables.right[t]])
     return depth
-
-
-def cut_to_bytes(text: str, size: int) -> tuple[str, bool]:
-    """``text`` cut to ``size`` UTF-8 bytes (whole characters), repeated (blank line between) when shorter."""
-    cycled = False
-    while len(text.encode("utf-8")) < size:
-        text, cycled = text + "\n\n" + text, True
-    return text.encode("utf-8")[:size].decode("utf-8", errors="ignore"), cycled
-
-
-def prose_corpora() -> dict[str, str]:
-    return {"wikitext2": load_corpus("wikitext2")[0], "pydoc": load_corpus("pydoc")[0]}
 
 
 def worst_inputs(tables: Any, size: int) -> dict[str, str]:
@@ -101,10 +89,11 @@ def worst_inputs(tables: Any, size: int) -> dict[str, str]:
     return out
 
 
-def everyday_inputs(prose: dict[str, str]) -> dict[str, str]:
+def everyday_inputs() -> dict[str, str]:
+    """The whole WikiText-2 test split (1.29 MB, nothing added) and 1 MB of code."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     code = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))[:80])
-    return {"prose (wikitext2)": prose["wikitext2"], "code (stdlib)": code[:1_000_000]}
+    return {"prose (wikitext2)": load_corpus("wikitext2")[0], "code (stdlib)": code[:1_000_000]}
 
 
 def tiktoken_ranks(tables: Any) -> tuple[dict[bytes, int], dict[int, int]]:
@@ -244,13 +233,13 @@ def main() -> None:
 
 
     prose = prose_corpora()
-    groups: dict[str, dict[str, str]] = {"everyday": everyday_inputs(prose)}
+    groups: dict[str, dict[str, str]] = {"everyday": everyday_inputs()}
     cycled: dict[str, list[str]] = {}
     for size in (int(s) for s in args.sizes.split(",")):
         group = f"{size // 1000}k"
         rows = {}
         for corpus in PROSE:
-            rows[f"prose ({corpus})"], was_cycled = cut_to_bytes(prose[corpus], size)
+            rows[f"prose ({corpus})"], was_cycled = cut(prose[corpus], size)
             if was_cycled:
                 cycled.setdefault(group, []).append(corpus)
         rows.update(worst_inputs(tables, size))

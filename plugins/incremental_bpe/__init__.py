@@ -14,8 +14,9 @@ base64, hex, URLs, minified code, CJK without spaces, an emoji run), at 20 kB, 2
 first-seen and warm, against prose from two corpora, beside HF and tiktoken
 (``docs/tokenizer_cpu.json``). Words of 512 bytes or more walk the automaton in four interleaved
 segments (``_fast.c``), so the walk's cache misses overlap; words of up to 22 bytes go through a
-word cache (one cache line a word, prefetched a few words ahead, switched off while under 1 in 8
-lookups hit, as on base64 or hex, whose words never repeat).
+word cache (one cache line a word, prefetched a few words ahead, switched off for a word length
+while under 1 in 8 of its lookups hit, as for base64's runs of 4+ letters, which never repeat while
+its pairs do).
 
 Construction: the C engine's tables are kept in a table file per vocabulary
 (``$PARETOLAB_CACHE/incremental_bpe``, ``_cache.py``), memory-mapped by every later process and
