@@ -15,16 +15,23 @@ from paretolab import TrialContext
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.subject import Subject
 
-CALIB_DEFAULTS: dict[str, Any] = {"calib_corpus": "pydoc", "calib_samples": 8, "calib_seq_len": 256}
+CALIB_DEFAULTS: dict[str, Any] = {"calib_corpus": "pydoc", "calib_samples": 8, "calib_seq_len": 256, "calib_seed": -1}
+
+
+def calib_seed(ctx: TrialContext, params: dict[str, Any]) -> int:
+    """The seed of a trial's calibration draw: ``calib_seed`` where it is >= 0 (a draw named in a pipeline, which pairs
+    trials across methods and makes draws replicates a claim can name), else the trial's own seed."""
+    seed = int(params.get("calib_seed", -1))
+    return seed if seed >= 0 else ctx.seed
 
 
 def calibration_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, method: str) -> torch.Tensor:
-    """(N, L) calibration ids from the ``calib_*`` params of ``method`` (defaults in CALIB_DEFAULTS)."""
+    """(N, L) calibration ids from the ``calib_*`` params of ``method`` (defaults in CALIB_DEFAULTS), drawn by :func:`calib_seed`."""
     n, length = int(params.get("calib_samples", 8)), int(params.get("calib_seq_len", 256))
     if n < 1 or length < 2:
         raise ConfigError(f"{method}.calib_samples must be >= 1 and {method}.calib_seq_len >= 2, got {n} and {length}")
     corpus = str(params.get("calib_corpus", "pydoc"))
-    return ctx.calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length).to(subject.device)
+    return ctx.calibration_draw(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length, seed=calib_seed(ctx, params)).to(subject.device)
 
 
 def heldout_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, tokens: int) -> torch.Tensor:
@@ -34,7 +41,7 @@ def heldout_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, 
     n, length = int(params.get("calib_samples", 8)), int(params.get("calib_seq_len", 256))
     corpus = str(params.get("calib_corpus", "pydoc"))
     windows = max(1, -(-tokens // length))
-    ids = heldout_calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length, seed=ctx.seed, n_heldout=windows)
+    ids = heldout_calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length, seed=calib_seed(ctx, params), n_heldout=windows)
     return ids.to(subject.device)
 
 

@@ -35,6 +35,7 @@ from paretolab.kernels.macko import MackoMatrix, dense_bytes, macko_decode, mack
 from paretolab.kernels.cpu_ext import enabled as cpu_kernels_enabled
 from paretolab.kernels.macko_cpu import macko_spmv_cpu, spmv_runner
 from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import calib_seed
 from paretolab.plugins.baselines import linear_weights, magnitude_mask
 from paretolab.plugins.wanda import activation_norms, check_sparsity, wanda_mask
 
@@ -153,6 +154,7 @@ class Macko(Method):
             "calib_corpus": "pydoc",
             "calib_samples": 16,
             "calib_seq_len": 256,
+            "calib_seed": -1,
         }
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
@@ -164,7 +166,8 @@ class Macko(Method):
         if dtype_name not in VALUE_DTYPES:
             raise ConfigError(f"macko.value_dtype must be one of {', '.join(VALUE_DTYPES)}; got {dtype_name!r}")
         norms = (
-            activation_norms(subject, ctx, corpus=p["calib_corpus"], n_samples=int(p["calib_samples"]), seq_len=int(p["calib_seq_len"]))
+            activation_norms(subject, ctx, corpus=p["calib_corpus"], n_samples=int(p["calib_samples"]), seq_len=int(p["calib_seq_len"]),
+                             seed=calib_seed(ctx, p))
             if score == "wanda"
             else {}
         )

@@ -33,6 +33,7 @@ from optuna.distributions import FloatDistribution
 from paretolab import Method, Paper, TrialContext, hookimpl
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import calib_seed
 from paretolab.plugins.baselines import linear_weights
 
 PATTERNS = ("unstructured", "2:4", "4:8")
@@ -54,13 +55,14 @@ class Wanda(Method):
         return {"sparsity": FloatDistribution(0.0, 0.9)}
 
     def defaults(self) -> dict[str, Any]:
-        return {"sparsity": 0.5, "pattern": "unstructured", "calib_corpus": "pydoc", "calib_samples": 16, "calib_seq_len": 256}
+        return {"sparsity": 0.5, "pattern": "unstructured", "calib_corpus": "pydoc", "calib_samples": 16, "calib_seq_len": 256, "calib_seed": -1}
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         p = {**self.defaults(), **params}
         sparsity, pattern = float(p["sparsity"]), str(p["pattern"])
         check_sparsity(self.name, sparsity, pattern)
-        norms = activation_norms(subject, ctx, corpus=p["calib_corpus"], n_samples=int(p["calib_samples"]), seq_len=int(p["calib_seq_len"]))
+        norms = activation_norms(subject, ctx, corpus=p["calib_corpus"], n_samples=int(p["calib_samples"]), seq_len=int(p["calib_seq_len"]),
+                                 seed=calib_seed(ctx, p))
         for name, layer in linear_weights(subject.model):
             with torch.no_grad():
                 layer.weight.mul_(wanda_mask(layer.weight, norms[name], sparsity, pattern=pattern))
@@ -76,11 +78,12 @@ def check_sparsity(method: str, sparsity: float, pattern: str) -> None:
         raise ConfigError(f"{method}.sparsity must be in [0, 1), got {sparsity}")
 
 
-def activation_norms(subject: Subject, ctx: TrialContext, *, corpus: str, n_samples: int, seq_len: int, batch_size: int = 4) -> dict[str, torch.Tensor]:
-    """‖X_j‖₂ over all calibration tokens for the input of every Linear ``linear_weights`` yields: name -> (in_features,)."""
+def activation_norms(subject: Subject, ctx: TrialContext, *, corpus: str, n_samples: int, seq_len: int, seed: int,
+                     batch_size: int = 4) -> dict[str, torch.Tensor]:
+    """‖X_j‖₂ over all calibration tokens (the draw ``seed``) for the input of every Linear ``linear_weights`` yields: name -> (in_features,)."""
     if n_samples < 1 or seq_len < 2:
         raise ConfigError(f"calibration needs calib_samples >= 1 and calib_seq_len >= 2, got {n_samples} and {seq_len}")
-    ids = ctx.calibration_ids(subject.tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len)  # (N, L)
+    ids = ctx.calibration_draw(subject.tokenizer, corpus=corpus, n_samples=n_samples, seq_len=seq_len, seed=seed)  # (N, L)
     layers = dict(linear_weights(subject.model))
     sq_sums = {name: torch.zeros(layer.in_features, dtype=torch.float64, device=layer.weight.device) for name, layer in layers.items()}
     with _input_hooks(layers, sq_sums), torch.no_grad():

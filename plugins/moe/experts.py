@@ -177,14 +177,3 @@ def effective_rank(matrix: torch.Tensor) -> float:
     p = s2 / s2.sum().clamp_min(1e-300)
     p = p[p > 0]
     return float(torch.exp(-(p * p.log()).sum()))
-
-
-def calibration(subject: Any, ctx: Any, params: dict[str, Any], *, method: str) -> torch.Tensor:
-    """The ``calib_*`` windows of ``method``: seeded by ``calib_seed`` when it is ≥ 0 (pairs trials across methods), else by the trial."""
-    from paretolab.plugins._layerwise import calibration_ids
-
-    seed = int(params.get("calib_seed", -1))
-    if seed < 0:
-        return calibration_ids(subject, ctx, params, method=method)
-    n, length = int(params["calib_samples"]), int(params["calib_seq_len"])
-    return ctx.calibration_draw(subject.tokenizer, corpus=str(params["calib_corpus"]), n_samples=n, seq_len=length, seed=seed).to(subject.device)

@@ -41,11 +41,11 @@ from torch import nn
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import calibration_ids
 from paretolab.plugins.moe import packing
 from paretolab.plugins.moe.experts import (
     ExpertsBase,
     RoutingStats,
-    calibration,
     expert_weights,
     moe_blocks,
     replace_experts,
@@ -239,7 +239,7 @@ class _ExpertCountMethod(Method):
         if not 0 < memory < 1:
             raise ConfigError(f"{self.name}.memory: {memory} must be in (0, 1) (the share of expert memory to keep)")
         blocks = moe_blocks(subject.model)
-        stats = routing_stats(subject.model, calibration(subject, ctx, p, method=self.name))
+        stats = routing_stats(subject.model, calibration_ids(subject, ctx, p, method=self.name))
         with torch.no_grad():
             self.apply(blocks, stats, memory, p)
         return subject

@@ -37,9 +37,9 @@ from torch import nn
 from paretolab import Method, Paper, TrialContext
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.subject import Subject
+from paretolab.plugins._layerwise import calibration_ids
 from paretolab.plugins.moe.experts import (
     ExpertsBase,
-    calibration,
     dense_expert_bytes,
     effective_rank,
     expert_weights,
@@ -160,7 +160,7 @@ class RfidMoe(Method):
             raise ConfigError(f"{self.name}: memory must be in (0, 1), residual in [0, 1), alpha in [0, 1]; got {memory}, {residual}, {alpha}")
         model = subject.model
         blocks = moe_blocks(model)
-        stats = routing_stats(model, calibration(subject, ctx, p, method=self.name), keep_inputs=False)
+        stats = routing_stats(model, calibration_ids(subject, ctx, p, method=self.name), keep_inputs=False)
         compress(blocks, stats, memory=memory, alloc=alloc, alpha=alpha, residual=residual)
         return subject
 

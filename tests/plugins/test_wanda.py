@@ -67,7 +67,7 @@ def test_same_seed_same_masks_and_differs_from_magnitude(tiny: Subject, ctx: Tri
 
 
 def test_hooks_see_each_layers_input(tiny: Subject, ctx: TrialContext, calib_file: str) -> None:
-    norms = activation_norms(tiny, ctx, corpus=calib_file, n_samples=3, seq_len=24)
+    norms = activation_norms(tiny, ctx, corpus=calib_file, n_samples=3, seq_len=24, seed=ctx.seed)
     attn = "model.layers.0.self_attn"
     assert set(norms) == {name for name, _ in linear_weights(tiny.model)}
     torch.testing.assert_close(norms[f"{attn}.q_proj"], norms[f"{attn}.k_proj"])  # same input

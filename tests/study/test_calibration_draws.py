@@ -14,6 +14,23 @@ def test_a_calibrating_method_records_its_draw_and_a_plain_one_none(tiny):
     assert "calibration_draws" not in magnitude.info
 
 
+def test_a_named_draw_pairs_trials_and_scores_as_its_draw_does(tiny):
+    """``calib_seed`` (every calibrating method has it) fixes the draw whatever the trial: two trials, one draw, one model."""
+    import pytest
+
+    def wanda(number, **extra):
+        params = {"sparsity": 0.5, "calib_samples": 2, "calib_seq_len": 16, **extra}
+        result = run_trial(tiny, [StagePlan("stage0", "wanda", params)], SETTINGS, number=number)
+        assert not result.failed, result.error
+        return result
+
+    first, second, other = wanda(3, calib_seed=1), wanda(5, calib_seed=1), wanda(5, calib_seed=2)
+    assert first.info["calibration_draws"] == second.info["calibration_draws"] == "pydoc seed 1, 2x16"
+    assert other.info["calibration_draws"] == "pydoc seed 2, 2x16"
+    assert first.metrics["ppl"] == pytest.approx(second.metrics["ppl"], rel=1e-6), "the same draw prunes the same weights"
+    assert wanda(1, calib_seed=-1).info["calibration_draws"] == "pydoc seed 1, 2x16", "-1: the trial's own seed"
+
+
 def test_the_machine_a_trial_ran_on_is_named():
     import torch
 
