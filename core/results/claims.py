@@ -180,7 +180,7 @@ def _difference(claim: Claim, est: Estimate, group: Group) -> str:
     rests = f" (95 % interval: {est.rests_on()}{'; clipped to the metric’s range' if est.clipped else ''})" if span else ""
     if est.zero_width:
         rests = f" (the same on all {est.replicates} replicate(s)" + (f" and on every resample of their {est.units})" if est.units else ", no per-example scores stored)")
-    trials = ", ".join(f"{m['trial']}–{b['trial']}" for m, b in group.pairs)
+    trials = ", ".join(f"{m['trial']} vs {b['trial']}" for m, b in group.pairs)  # method vs baseline (a dash read as a range)
     return f"{name} = {show(est.mean)}{span}{rests}, mean over n = {est.replicates} pair(s) (trials {trials})"
 
 
@@ -251,7 +251,7 @@ def gap_line(claim: Claim, group: Group, trials: list[dict[str, Any]]) -> str:
         ci = f" (the same on all {est.replicates}: no variation observed)"
     else:
         ci = f" [{est.low:.1%}, {est.high:.1%}] (95 % t interval over replicates)"
-    listed = ", ".join(f"{m['trial']}–{b['trial']}–{r['trial']}" for m, b, r in triples)
+    listed = ", ".join(f"{m['trial']} vs {b['trial']} vs {r['trial']}" for m, b, r in triples)  # method vs baseline vs reference
     return f"{name}: (baseline − method) / (baseline − reference) = {est.mean:.1%}{ci}, mean over n = {est.replicates} triple(s) (trials {listed})."
 
 

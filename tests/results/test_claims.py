@@ -147,7 +147,7 @@ def test_claim_held_when_every_paired_difference_is_on_the_expected_side(stores)
     assert "against baseline `none` on `val_loss` (lower expected), paired on replicates `seed` and every other shared setting" in text
     verdict = _verdict(text)
     assert verdict.startswith("**Verdict: held** — val_loss bhyt − none = -0.11 [")
-    assert "(95 % interval: t over 3 replicates; no per-example scores stored), mean over n = 3 pair(s) (trials 3–0, 4–1, 5–2)" in verdict
+    assert "(95 % interval: t over 3 replicates; no per-example scores stored), mean over n = 3 pair(s) (trials 3 vs 0, 4 vs 1, 5 vs 2)" in verdict
     # t(0.975, 2) = 4.303; sd of (-.10, -.12, -.11) is 0.01: the interval is -0.11 ± 0.02484
     low, high = (float(x) for x in verdict.split("[", 1)[1].split("]", 1)[0].split(","))
     assert low == pytest.approx(-0.11 - 0.02484, abs=2e-4) and high == pytest.approx(-0.11 + 0.02484, abs=2e-4)
@@ -169,7 +169,7 @@ def test_expect_higher_turns_the_verdict_round(stores):
 def test_pairs_are_matched_on_the_seed_not_on_the_trial_order(stores):
     verdict = _verdict(_section(stores, "order"))
     assert "= -0.1 (the same on all 3 replicate(s)" in verdict, verdict  # zero spread: only a seed-matched pairing gives equal differences
-    assert "trials 5–1, 3–2, 4–0" in verdict  # (method, baseline) for seeds 0, 1, 2
+    assert "trials 5 vs 1, 3 vs 2, 4 vs 0" in verdict  # (method, baseline) for seeds 0, 1, 2
 
 
 def test_loss_at_equal_flops_reads_the_larger_budgets_curve(stores):
@@ -257,7 +257,7 @@ def test_one_pair_is_judged_on_the_paired_bootstrap_over_its_windows_when_they_a
     assert "paired on no replicate (each setting rests on its examples)" in text
     verdict = _verdict(text)
     assert verdict.startswith("**Verdict: held** — ppl catq[steps=160] − absmean_ternary = "), verdict
-    assert "(95 % interval: paired bootstrap over 16 windows; one replicate: evaluation noise only, not seed-to-seed), mean over n = 1 pair(s) (trials 0–2)" in verdict
+    assert "(95 % interval: paired bootstrap over 16 windows; one replicate: evaluation noise only, not seed-to-seed), mean over n = 1 pair(s) (trials 0 vs 2)" in verdict
     # the same pair with no stored windows: no interval, said as before
     bare = _verdict("\n".join(claim_lines(claim, trials, lambda run: None, lambda run: None)))
     assert bare.startswith("**Verdict: no verdict: one replicate and no per-example scores stored"), bare
