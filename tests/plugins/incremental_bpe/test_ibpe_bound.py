@@ -42,3 +42,22 @@ def test_tests_per_byte_stay_under_the_bound_and_do_not_grow(name: str, referenc
         per_byte.append(reference.tests / len(word))
     assert max(per_byte) <= bound
     assert per_byte[1] <= per_byte[0] * 1.02 + 0.01, per_byte  # 10x the input, not more work per byte
+
+
+def test_the_pages_tokenizer_figures_are_what_the_benchmarks_json_renders(tmp_path):
+    """docs/methods/encodings.md carries the benchmark's figures as tokenizer_report renders them; an edit is caught."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("tokenizer_report", root / "benchmarks" / "tokenizer_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.main(["--check"]) == 0, "run `python benchmarks/tokenizer_report.py --write` and commit"
+    data = json.loads(report.JSON.read_text(encoding="utf-8"))
+    data["summary"]["wikitext2_first_seen_ns_b"]["tiktoken_over_ours"] = 3.5
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data), encoding="utf-8")
+    assert report.main([str(edited), "--check"]) == 1, "a figure that changed in the JSON must fail the check"
+    assert "WikiText-2 first-seen" not in report.describe(data).split("Not met:")[-1], "×3.5 tiktoken meets its target"
