@@ -254,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "says the expected duration first and writes each bundle as its study finishes (commit each); `render` "
         "writes every document from the bundles alone, offline (`--check`: exit 1 when a committed document differs)."
     ), epilog=("examples:\n  paretolab results status\n  paretolab results run training --untimed   beside other work\n"
+               "  paretolab results run --timed             every document's timed studies, while the machine is idle\n"
                "  paretolab results run compression          on an idle machine\n  paretolab results render --check"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rsub = results.add_subparsers(dest="results_command", metavar="ACTION")
@@ -265,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("families", nargs="*", metavar="FAMILY", help="documents by family (e.g. training) or path; default: all")
         r.add_argument("--root", default=".", help="the paretolab checkout (default: the current folder)")
         if action == "run":
-            r.add_argument("--untimed", action="store_true", help="skip the studies that time something (leave them for an idle machine)")
+            only = r.add_mutually_exclusive_group()
+            only.add_argument("--untimed", action="store_true", help="skip the studies that time something (leave them for an idle machine)")
+            only.add_argument("--timed", action="store_true", help="only the studies that time something: spend an idle machine on them, "
+                              "run the rest later with --untimed beside other work")
             r.add_argument("--dry-run", action="store_true", help="say what would run, and for how long, then stop")
             r.add_argument("--no-progress", action="store_true", help="no progress bars")
             r.add_argument("--home", help="the results store (default ROOT/results/.store; kept between sittings so a study resumes)")

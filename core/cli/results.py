@@ -130,6 +130,11 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
         todo = [(doc, s) for doc, s in todo if s not in doc.timed]
         if skipped:
             print(f"--untimed: leaving {len(skipped)} timed stud{'y' if len(skipped) == 1 else 'ies'} for an idle machine: {', '.join(skipped)}")
+    if args.timed:
+        left = [s for doc, s in todo if s not in doc.timed]
+        todo = [(doc, s) for doc, s in todo if s in doc.timed]
+        if left:
+            print(f"--timed: leaving {len(left)} untimed stud{'y' if len(left) == 1 else 'ies'} for later (--untimed beside other work): {', '.join(left)}")
     if not todo:
         print("every bundle is current: nothing to run (`paretolab results render` writes the documents)")
         return 0

@@ -82,6 +82,8 @@ def test_status_tells_current_missing_and_stale_and_run_says_what_it_would_do(ch
     assert "1 study to run" in dry and "expected duration:" in dry and "run this on an otherwise idle machine" in dry
     untimed = cli_here("results", "run", "one", "--untimed", "--dry-run", "--root", str(checkout), cwd=checkout).stdout
     assert "leaving 1 timed study for an idle machine: constrained" in untimed and "nothing to run" in untimed
+    timed = cli_here("results", "run", "--timed", "--dry-run", "--root", str(checkout), cwd=checkout).stdout
+    assert "1 study to run" in timed and ": constrained" in timed and "leaving" in timed and "gone" in timed.split("leaving")[1]
 
 
 def test_the_provenance_says_the_machine_load_its_trials_ran_under():
