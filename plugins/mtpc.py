@@ -215,7 +215,7 @@ class MTPC(Method):
             return {}
         m = info["measure"]
         prompts = heldout_prompts(subject.tokenizer, corpus=str(m["prompt_corpus"]), n=int(m["prompts"]), length=int(m["prompt_tokens"]))
-        return {**compare_with_greedy(subject, prompts, int(m["new_tokens"])), "mtpc_train_s": info["train_s"]}
+        return {**compare_with_greedy(subject, prompts, int(m["new_tokens"]), ctx=ctx), "mtpc_train_s": info["train_s"]}
 
 
 def fit(heads: CircuitHeads, h: torch.Tensor, targets: torch.Tensor, unembed: torch.Tensor, *, steps: int, batch: int, lr: float,

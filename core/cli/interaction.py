@@ -12,7 +12,8 @@ def cmd_interaction(args: argparse.Namespace) -> int:
     from paretolab.cli.common import source_from_flags
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-    found = interaction(args.study, source_from_flags(args), args.a, args.b, metrics)
+    relative = tuple(m.strip() for m in args.relative.split(",") if m.strip())
+    found = interaction(args.study, source_from_flags(args), args.a, args.b, metrics, relative)
     print(markdown(args.study, args.a, args.b, found))
     return 0
 
@@ -26,11 +27,15 @@ def add_parser(sub: Any, bundle_flag: Callable[[Any], None], store_flags: Callab
         "all four trials were scored on; a cost measured once per trial has none."),
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
         "examples:\n  paretolab interaction prune_then_quantize --a wanda --b rtn\n"
-        "  paretolab interaction spec_x_rtn --a rtn --b speculative --metrics mean_accepted_len,spec_decode_tok_s"))
+        "  paretolab interaction layers_spec_x_quant --a rtn --b speculative --metrics speedup_vs_greedy,mean_accepted_len \\\n"
+        "      --relative speedup_vs_greedy,mean_accepted_len     B's effect measured inside each trial: B and A+B suffice"))
     p.add_argument("study", help="study name")
     p.add_argument("--a", required=True, metavar="METHOD", help="the first method's label (as `paretolab report` writes it)")
     p.add_argument("--b", required=True, metavar="METHOD", help="the second method's label")
     p.add_argument("--metrics", default="ppl,size_bytes", help="comma-separated metrics (default ppl,size_bytes)")
+    p.add_argument("--relative", default="", metavar="METRICS", help="comma-separated metrics that are B's effect measured inside each "
+                   "trial against its own target (speculative's speedup_vs_greedy, mean_accepted_len): base and A read 1, so only the "
+                   "trials of B and A+B are needed")
     bundle_flag(p)
     store_flags(p)
     p.set_defaults(func=cmd_interaction)

@@ -20,7 +20,7 @@ from typing import Any
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.numbers import interval_text, number
 
-KINDS = {"sensitivity": ("sensitivity",), "interaction": ("interaction", "a", "b", "metrics")}
+KINDS = {"sensitivity": ("sensitivity",), "interaction": ("interaction", "a", "b", "metrics", "relative")}
 
 
 def check_extras(raw: Any, studies: tuple[str, ...], where: str) -> tuple[dict[str, Any], ...]:
@@ -91,7 +91,7 @@ def interaction_section(item: dict[str, Any], source: Any) -> str:
     metrics = list(item.get("metrics") or ["ppl", "size_bytes"])
     study = item["interaction"]
     try:
-        found = interaction(study, source, item["a"], item["b"], metrics)
+        found = interaction(study, source, item["a"], item["b"], metrics, tuple(item.get("relative") or ()))
     except ConfigError as exc:
         return f"## Interaction: {item['a']} × {item['b']} ({study})\n\nNot available: {exc}\n"
     return f"## Interaction: {item['a']} × {item['b']} ({study})\n\n" + markdown(study, item["a"], item["b"], found)

@@ -13,6 +13,13 @@ with per-window scores (``ppl``) the four trials are scored on the same windows,
 ``I`` is a paired bootstrap over the windows (the same resampled windows for all four arms); a cost
 measured once per trial (``size_bytes``, a deterministic count) has no interval, and a timing with
 a spread (``_iqr``) is reported without one (say so, and rerun with repeats to get one).
+
+Some metrics are B's effect already, measured inside each trial against the same target without B:
+speculative decoding's ``speedup_vs_greedy`` (times greedy decoding of the trial's own target beside it)
+and ``mean_accepted_len`` (tokens per target forward; greedy decoding makes 1). For these ``relative``
+metrics the base and A arms read 1 by definition and only B and A+B are needed:
+``I = log(A+B) - log(B)``, B's effect on A's target against its effect on the base. Their interval
+resamples each trial's own units (its prompts) apart, as the two trials need not share them.
 """
 
 from __future__ import annotations
@@ -42,11 +49,12 @@ class Interaction:
     high: float | None = None
     n: int = 0  # windows the interval is over
     trials: dict[str, int] | None = None
+    relative: bool = False  # B's effect measured inside each trial: base and A read 1, the interval resamples each trial's units apart
 
     @property
     def reading(self) -> str:
         if self.low is None or self.high is None:
-            return "no interval (one measurement per arm)"
+            return "no interval (no per-prompt figures kept by these trials)" if self.relative else "no interval (one measurement per arm)"
         if self.low <= 0 <= self.high:
             return "additive within noise"
         return "super-additive (more than the sum)" if self.low > 0 else "sub-additive (less than the sum)"
@@ -73,41 +81,59 @@ def paired_term(base: Samples, a: Samples, b: Samples, ab: Samples, *, resamples
     return float(np.quantile(terms, tail)), float(np.quantile(terms, 1 - tail)), base.n
 
 
-def arms_of(rows: list[dict[str, Any]], a: str, b: str, study: str) -> dict[str, dict[str, Any]]:
-    """The first complete trial of each arm: base (``none``), A, B and A+B (labels as the report writes them)."""
+def unpaired_term(b: Samples, ab: Samples, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> tuple[float, float, int]:
+    """The interval of ``log(A+B) - log(B)`` resampling each trial's units apart (a relative metric: base and A read 1)."""
+    rng = np.random.default_rng(seed)
+    terms = np.log(ab.value(rng.integers(0, ab.n, size=(resamples, ab.n)))) - np.log(b.value(rng.integers(0, b.n, size=(resamples, b.n))))
+    tail = (1 - level) / 2
+    return float(np.quantile(terms, tail)), float(np.quantile(terms, 1 - tail)), min(b.n, ab.n)
+
+
+def arms_of(rows: list[dict[str, Any]], a: str, b: str, study: str, *, relative: bool = False) -> dict[str, dict[str, Any]]:
+    """The first complete trial of each arm: base (``none``), A, B and A+B (labels as the report writes them); only B and
+    A+B where every metric asked for is ``relative`` (B's effect measured inside each trial)."""
     wanted = {"base": {NONE}, "A": {a}, "B": {b}, "A+B": {f"{a}+{b}", f"{b}+{a}"}}
+    if relative:
+        wanted = {arm: labels for arm, labels in wanted.items() if arm in ("B", "A+B")}
     out = {}
     for arm, labels in wanted.items():
         found = next((r for r in rows if r["method"] in labels), None)
         if found is None:
             have = sorted({r["method"] for r in rows})
             raise ConfigError(f"study {study!r} has no complete trial of {arm} ({' or '.join(sorted(labels))}); it has {', '.join(have)}. "
-                              "An interaction needs a choice stage per method, each offering {method: none}, and all four arms run")
+                              + ("A relative metric needs B alone and A+B" if relative else
+                                 "An interaction needs a choice stage per method, each offering {method: none}, and all four arms run"))
         out[arm] = found
     return out
 
 
-def interaction(study: str, source: Any, a: str, b: str, metrics: list[str]) -> list[Interaction]:
-    """The interaction of ``a`` and ``b`` in ``study`` for each of ``metrics`` (see the module's docstring)."""
+def interaction(study: str, source: Any, a: str, b: str, metrics: list[str], relative: tuple[str, ...] = ()) -> list[Interaction]:
+    """The interaction of ``a`` and ``b`` in ``study`` for each of ``metrics`` (see the module's docstring); ``relative``: the
+    metrics that are B's effect measured inside each trial (base and A read 1)."""
     from paretolab.results.read import trial_table
     from paretolab.results.source import source_of
     from paretolab.stats import samples
 
     src = source_of(source)
     _, rows = trial_table(study, src)
-    arms = arms_of(rows, a, b, study)
+    only_relative = bool(metrics) and all(m in relative for m in metrics)
+    arms = arms_of(rows, a, b, study, relative=only_relative)
     fetch = src.per_example()
     out = []
     for metric in metrics:
-        missing = [arm for arm, row in arms.items() if not isinstance(row.get(metric), (int, float))]
+        own = {arm: row for arm, row in arms.items() if metric not in relative or arm in ("B", "A+B")}
+        missing = [arm for arm, row in own.items() if not isinstance(row.get(metric), (int, float))]
         if missing:
             raise ConfigError(f"--metric {metric}: trial(s) of {', '.join(missing)} in {study!r} did not report it; pick a metric every arm has")
-        values = {arm: float(row[metric]) for arm, row in arms.items()}
+        values = {"base": 1.0, "A": 1.0, **{arm: float(row[metric]) for arm, row in own.items()}}
         ea, eb, eab, term = log_term(values["base"], values["A"], values["B"], values["A+B"])
-        found = {arm: samples(fetch(row["run_id"]) or {}, metric) if row["run_id"] else None for arm, row in arms.items()}
-        span = paired_term(*(found[k] for k in ("base", "A", "B", "A+B"))) if all(found.values()) else None
+        found = {arm: samples(fetch(row["run_id"]) or {}, metric) if row["run_id"] else None for arm, row in own.items()}
+        if metric in relative:
+            span = unpaired_term(found["B"], found["A+B"]) if all(found.values()) else None
+        else:
+            span = paired_term(*(found[k] for k in ("base", "A", "B", "A+B"))) if all(found.values()) else None
         out.append(Interaction(metric, values, ea, eb, eab, term, *(span or (None, None, 0)),
-                               trials={arm: row["trial"] for arm, row in arms.items()}))
+                               trials={arm: row["trial"] for arm, row in own.items()}, relative=metric in relative))
     return out
 
 
@@ -120,8 +146,13 @@ def markdown(study: str, a: str, b: str, found: list[Interaction]) -> str:
         rows.append({"metric": x.metric, "base": x.values["base"], a: x.values["A"], b: x.values["B"], f"{a}+{b}": x.values["A+B"],
                      f"log {a}/base": number(x.effect_a, signed=True), f"log {b}/base": number(x.effect_b, signed=True),
                      f"log {a}+{b}/base": number(x.effect_ab, signed=True), "interaction": number(x.term, signed=True), "95 % interval": span,
-                     "reading": x.reading + (f" ({x.n} windows, paired)" if x.n else "")})
+                     "reading": x.reading + (f" (prompts resampled within each trial; {b} is timed against its own target inside each "
+                                             f"trial, so base and {a} read 1)" if x.relative and x.n else f" ({x.n} windows, paired)" if x.n else "")})
     trials = found[0].trials if found else {}
     head = (f"Interaction of {a} and {b} in study {study!r} (trials: " + ", ".join(f"{k} #{v}" for k, v in (trials or {}).items())
             + "). On the natural-log scale: interaction = log(A+B) − log(A) − log(B) + log(base); 0 when the two effects add up.")
+    relative = [x.metric for x in found if x.relative]
+    if relative:
+        head += (f" {', '.join(relative)}: {b}'s effect measured inside each trial against its own target, so base and {a} read 1 and "
+                 "the interaction is log(A+B) − log(B).")
     return head + "\n\n" + markdown_table(rows, list(rows[0]) if rows else ["metric"]) + "\n"

@@ -146,7 +146,7 @@ class Speculative(Method):
         defaults = self.defaults()
         n, length, new = (int(options.get(key, defaults[key])) for key in ("prompts", "prompt_tokens", "new_tokens"))
         prompts = prompt_set(subject.tokenizer, str(options.get("prompt_corpus", "pydoc")), "eval", n, length=length)
-        return compare_with_greedy(subject, prompts, new)
+        return compare_with_greedy(subject, prompts, new, ctx=ctx)
 
 
 def _tree(value: Any, draft: str) -> TreeShape | None:
@@ -183,13 +183,14 @@ def _int_k(value: Any) -> int:
     return k
 
 
-def compare_with_greedy(subject: Subject, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+def compare_with_greedy(subject: Subject, prompts: list[list[int]], new_tokens: int, *, ctx: TrialContext | None = None) -> dict[str, float]:
     """Decode ``prompts`` greedily (torch's matmuls, and the CPU kernel) and with the subject's generator, interleaved, after a warm-up.
 
     The speculative generator runs its linears through the dense CPU kernel, so greedy decoding is
     also timed through that kernel: ``speedup_vs_greedy`` is against the faster of the two
     greedy loops, never against a baseline slowed by a worse matmul. ``spec_matches_greedy``
-    compares with greedy through torch's matmuls, the unmodified model's own output.
+    compares with greedy through torch's matmuls, the unmodified model's own output. With ``ctx`` the trial also keeps the
+    per-prompt figures (:func:`per_prompt_json`), so an interval over prompts can be drawn for the speedup and the acceptance.
     """
     speculative = subject.generator
 
@@ -227,7 +228,28 @@ def compare_with_greedy(subject: Subject, prompts: list[list[int]], new_tokens: 
     }
     if "greedy_kernel" in rate:
         out["greedy_kernel_decode_tok_s"] = rate["greedy_kernel"]
+    if ctx is not None:
+        from paretolab.stats import ARTIFACT
+
+        best = "greedy_kernel" if rate.get("greedy_kernel", 0.0) > rate["greedy"] else "greedy"
+        for part in per_prompt_json(runs["spec"], runs[best]):
+            ctx.add_artifact(ARTIFACT, part)
     return out
+
+
+def per_prompt_json(spec: list[Generation], greedy: list[Generation]) -> list[str]:
+    """Per prompt, as ``per_example.json`` parts: the speculative rate and the speedup over greedy weighted by the prompt's
+    speculative decode seconds (so their weighted means are the trial's ratios of sums, ``spec_decode_tok_s`` and
+    ``speedup_vs_greedy``), and the mean accepted length, unweighted (its trial figure is the plain mean over prompts)."""
+    from paretolab.stats import per_example_json
+
+    seconds = [max(s.decode_s, 1e-12) for s in spec]
+    rates = [sum(len(q) - 1 for q in s.sequences) / t for s, t in zip(spec, seconds, strict=True)]
+    greedy_rates = [sum(len(q) - 1 for q in g.sequences) / max(g.decode_s, 1e-12) for g in greedy]
+    speedups = [r / g if g > 0 else 0.0 for r, g in zip(rates, greedy_rates, strict=True)]
+    accepted = [float(s.stats["mean_accepted_len"]) for s in spec]
+    return [per_example_json("prompt", {"spec_decode_tok_s": rates, "speedup_vs_greedy": speedups}, seconds),
+            per_example_json("prompt", {"mean_accepted_len": accepted})]
 
 
 def _decode_rate(outputs: list[Generation]) -> float:

@@ -201,6 +201,14 @@ def test_method_measures_against_greedy_in_the_same_run(tiny, tmp_path):
     assert metrics["speedup_vs_greedy"] == pytest.approx(metrics["spec_decode_tok_s"] / best)
     assert 1.0 <= metrics["mean_accepted_len"] <= 4.0
     assert len(subject.info["speculative"]["skipped_layers"]) == 1
+    import json
+
+    from paretolab.stats import ARTIFACT, samples
+
+    kept = json.loads((tmp_path / "trial" / ARTIFACT).read_text())  # per prompt, for intervals over prompts
+    assert samples(kept, "speedup_vs_greedy").n == 2 and samples(kept, "mean_accepted_len").n == 2
+    assert samples(kept, "spec_decode_tok_s").value() == pytest.approx(metrics["spec_decode_tok_s"], rel=1e-6)
+    assert samples(kept, "mean_accepted_len").value() == pytest.approx(metrics["mean_accepted_len"])
 
 
 def test_bad_params_name_the_field(tiny, tmp_path):

@@ -93,3 +93,43 @@ def test_document_extras_are_checked_and_a_sensitivity_run_renders_its_ranked_ta
     text = sensitivity_section(tmp_path / "results" / "sens", tmp_path / "pipelines" / "LAYERS.md")
     assert "](../results/sens.png)" in text
     assert text.index("| 1 | 7 |") < text.index("| 2 | 0 |") and "| yes |" in text.split("| 1 | 7 |")[1].splitlines()[0]
+
+
+def test_a_relative_metric_needs_only_b_and_a_plus_b_and_resamples_each_trials_prompts_apart():
+    from paretolab.results.interaction import unpaired_term
+
+    rows = [{"method": "speculative", "trial": 1}, {"method": "rtn+speculative", "trial": 0}]
+    assert {k: v["trial"] for k, v in arms_of(rows, "rtn", "speculative", "s", relative=True).items()} == {"B": 1, "A+B": 0}
+    with pytest.raises(ConfigError, match="A relative metric needs B alone and A"):
+        arms_of(rows[1:], "rtn", "speculative", "s", relative=True)
+    with pytest.raises(ConfigError, match=r"no complete trial of base \(none\)"):
+        arms_of(rows, "rtn", "speculative", "s")  # not relative: the four arms
+    rng = np.random.default_rng(1)
+
+    def speedups(center, n=8):
+        return Samples(rng.normal(center, 0.05, n), np.ones(n), False, "prompt")
+
+    low, high, n = unpaired_term(speedups(2.0), speedups(1.0, 6))  # B doubles the base's speed, only 1x on A's target
+    assert n == 6 and low < math.log(0.5) < high and high < 0, "half the speedup on the quantized target: beyond noise"
+    low, high, _ = unpaired_term(speedups(2.0), speedups(2.0))
+    assert low < 0 < high, "the same speedup on both targets: no interaction"
+
+
+def test_per_prompt_figures_weigh_to_the_trials_ratios_of_sums():
+    import json
+
+    from paretolab.generation import Generation
+    from paretolab.plugins.speculative import per_prompt_json
+    from paretolab.stats import samples
+
+    def gen(tokens, seconds, accepted=1.0):
+        return Generation(sequences=[list(range(tokens + 1))], tokens_total=tokens + 1, tokens_sequential=tokens + 1, prefill_s=0.01, decode_s=seconds,
+                          stats={"mean_accepted_len": accepted})
+
+    spec = [gen(10, 0.5, 2.0), gen(20, 2.0, 1.5), gen(30, 1.0, 3.0)]
+    greedy = [gen(10, 1.0), gen(20, 1.0), gen(30, 3.0)]
+    rates, accepted = (json.loads(part) for part in per_prompt_json(spec, greedy))
+    spec_rate = samples(rates, "spec_decode_tok_s").value()
+    assert spec_rate == pytest.approx(60 / 3.5), "the spec rate over all prompts: tokens / seconds"
+    assert samples(rates, "speedup_vs_greedy").value() == pytest.approx((60 / 3.5) / (60 / 5.0)), "the speedup: a ratio of sums"
+    assert samples(accepted, "mean_accepted_len").value() == pytest.approx((2.0 + 1.5 + 3.0) / 3)
