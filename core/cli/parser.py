@@ -273,8 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--dry-run", action="store_true", help="say what would run, and for how long, then stop")
             r.add_argument("--no-progress", action="store_true", help="no progress bars")
             r.add_argument("--home", help="the results store (default ROOT/results/.store; kept between sittings so a study resumes)")
-            r.add_argument("--max-load", type=float, default=1.0, metavar="L",
-                           help="a timed study starts only once the machine's 1-min load average is at most L (default 1.0)")
+            r.add_argument("--max-load", type=float, metavar="L",
+                           help="a timed study starts only once the machine's 1-min load average is at most L (default 1); "
+                                "a bundle timed while other work pushed the load past its own CPUs plus L is timed again")
             r.add_argument("--wait-min", type=float, default=30.0, metavar="M",
                            help="how long to wait for that before stopping with an error (default 30 minutes)")
             r.add_argument("--busy-ok", action="store_true",

@@ -41,12 +41,14 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def _status(root: Path, docs: list) -> int:
-    from paretolab.results.documents import expected_minutes, study_state
+    from paretolab.results.documents import MAX_LOAD, busy_timing, expected_minutes, study_state
 
     for doc in docs:
         print(f"{doc.path} ({doc.family}):")
         for study in doc.studies:
             state, why = study_state(root, study)
+            if state == "current" and study in doc.timed and (busy := busy_timing(root, study, MAX_LOAD)):
+                state, why = "busy", busy + " (`results run` times it again)"
             minutes = expected_minutes(root, study)
             took = f", took {minutes:.0f} min" if minutes is not None else ""
             timed = " [timed: run alone]" if study in doc.timed else ""
@@ -119,12 +121,17 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     """Run each study whose bundle is missing or stale, one at a time, and write its bundle as soon as it finishes."""
     from paretolab.errors import ConfigError
     from paretolab.results.bundle_stores import export_bundle
-    from paretolab.results.documents import bundle_path, expected_minutes, study_state, worst_case_minutes
+    from paretolab.results.documents import bundle_path, busy_timing, expected_minutes, study_state, worst_case_minutes
     from paretolab.stores import resolve_stores
 
+    from paretolab.results.documents import MAX_LOAD
+
+    if args.max_load is None:
+        args.max_load = MAX_LOAD
     home = Path(args.home or root / "results" / ".store")
     stores = resolve_stores(home=str(home))
-    todo = [(doc, s) for doc in docs for s in doc.studies if study_state(root, s)[0] != "current"]
+    todo = [(doc, s) for doc in docs for s in doc.studies
+            if study_state(root, s)[0] != "current" or (s in doc.timed and not args.busy_ok and busy_timing(root, s, args.max_load))]
     if args.untimed:
         skipped = [s for doc, s in todo if s in doc.timed]
         todo = [(doc, s) for doc, s in todo if s not in doc.timed]

@@ -143,6 +143,28 @@ def study_state(root: Path, study: str) -> tuple[str, str]:
     return "current", ""
 
 
+MAX_LOAD = 1.0  # 1-min load average of other work a timed study tolerates: before it starts, and beside its own CPUs while it runs
+
+
+def busy_timing(root: Path, study: str, max_load: float) -> str:
+    """Why a timed study's bundle is not a timing of an idle machine ("" when it is, or cannot tell): some trial ran while the
+    1-min load average was over the study's own ``resources.cpus`` plus ``max_load`` (other work beside it)."""
+    from paretolab.results.bundle import read_bundle
+
+    bundle = bundle_path(root, study)
+    if not bundle.is_file():
+        return ""
+    try:
+        record = read_bundle(bundle)[0]
+    except (ConfigError, IndexError):
+        return ""
+    load = (record.provenance.get("load_1m") or {}).get("max")
+    cpus = float(((record.user_attrs.get("pipeline") or {}).get("resources") or {}).get("cpus") or 1)
+    if load is None or load <= cpus + max_load:
+        return ""
+    return f"timed on a busy machine: 1-min load up to {load:g} beside its own {cpus:g} CPU(s)"
+
+
 def expected_minutes(root: Path, study: str) -> float | None:
     """How long the study took when its bundle was made (first trial start to last trial end), if a bundle exists."""
     from paretolab.results.bundle import read_bundle

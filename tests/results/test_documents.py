@@ -142,3 +142,21 @@ def test_the_cross_paper_frontier_is_drawn_from_the_bundles_and_checked_by_its_p
 def test_the_committed_results_stay_under_100_mb():
     total = sum(p.stat().st_size for p in (ROOT / "results").rglob("*") if p.is_file() and ".store" not in p.parts)
     assert total < 100e6, f"results/ holds {total / 1e6:.1f} MB; bundles must stay compact"
+
+
+def test_a_timed_bundle_made_beside_other_work_is_named_busy_and_timed_again(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from paretolab.results import bundle as bundle_module
+    from paretolab.results.documents import busy_timing
+
+    (tmp_path / "results" / "bundles").mkdir(parents=True)
+    (tmp_path / "results" / "bundles" / "s.jsonl.gz").write_bytes(b"")
+    load = {"max": 2.6}
+    record = SimpleNamespace(provenance={"load_1m": load}, user_attrs={"pipeline": {"resources": {"cpus": 2}}})
+    monkeypatch.setattr(bundle_module, "read_bundle", lambda path: [record])
+    assert busy_timing(tmp_path, "s", 1.0) == "", "its own two CPUs and a little more: an idle machine"
+    load["max"] = 5.2
+    assert busy_timing(tmp_path, "s", 1.0) == "timed on a busy machine: 1-min load up to 5.2 beside its own 2 CPU(s)"
+    assert busy_timing(tmp_path, "s", 4.0) == "", "--max-load 4 tolerates it"
+    assert busy_timing(tmp_path, "missing", 1.0) == ""
