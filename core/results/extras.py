@@ -62,7 +62,7 @@ def render_extras(extras: tuple[dict[str, Any], ...], source: Any, root: Path, d
 def sensitivity_section(base: Path, document: Path) -> str:
     data = json.loads(base.with_suffix(".json").read_text(encoding="utf-8"))
     setting = ", ".join(f"{k}={v}" for k, v in sorted(data["params"].items()))
-    head = [f"## Sensitivity: {data['method']} ({setting}) on one layer group at a time", "",
+    head = [f"## Sensitivity: {data['method']} ({setting}) on {len(data['groups'])} layer groups, one at a time", "",
             f"`paretolab sensitivity` on {data['model']}: {data['metric']} {number(data['base'])} unmodified "
             f"({number(data['base_size'], 'bytes')}) over {data['windows']} windows of {data['task'].get('corpus')} "
             f"({data['task'].get('max_tokens')} tokens); each group alone, Δ paired over the same windows with its 95 % "
