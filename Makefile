@@ -106,8 +106,9 @@ gpu-check: $(DEV)  ## on one CUDA GPU (< 8 min): the gpu-marked tests and the GP
 # committed as results/bundles/STUDY.jsonl.gz. `make results-FAMILY` runs only the studies whose bundle is missing or
 # was made from another pipeline (one at a time, resuming an interrupted one in results/.store, writing each bundle as
 # its study finishes: commit it), then renders the documents; `make results-docs` renders every document from the
-# committed bundles alone (offline, ~1 min). UNTIMED=1 skips the studies that time something (run those alone).
-RESULTS_RUN = $(BIN)/paretolab results run $(if $(UNTIMED),--untimed) --no-progress
+# committed bundles alone (offline, ~1 min). UNTIMED=1 skips the studies that time something (run those alone);
+# TIMED=1 runs only those (on an idle machine).
+RESULTS_RUN = $(BIN)/paretolab results run $(if $(UNTIMED),--untimed) $(if $(TIMED),--timed) --no-progress
 results-docs: $(STAMP)  ## render every pipelines/*.md from the committed bundles (offline, ~1 min)
 	$(BIN)/paretolab results render
 results-status: $(STAMP)  ## which results documents' studies are current, missing or stale
