@@ -147,8 +147,9 @@ MAX_LOAD = 1.0  # 1-min load average of other work a timed study tolerates: befo
 
 
 def busy_timing(root: Path, study: str, max_load: float) -> str:
-    """Why a timed study's bundle is not a timing of an idle machine ("" when it is, or cannot tell): some trial ran while the
-    1-min load average was over the study's own ``resources.cpus`` plus ``max_load`` (other work beside it)."""
+    """Why a timed study's bundle is not known to time an idle machine ("" when it is): some trial ran while the 1-min load
+    average was over the study's own ``resources.cpus`` plus ``max_load`` (other work beside it), or its trials predate the
+    load's recording (``info.load_1m``), so nobody can tell."""
     from paretolab.results.bundle import read_bundle
 
     bundle = bundle_path(root, study)
@@ -159,8 +160,10 @@ def busy_timing(root: Path, study: str, max_load: float) -> str:
     except (ConfigError, IndexError):
         return ""
     load = (record.provenance.get("load_1m") or {}).get("max")
+    if load is None:
+        return "timed before trials recorded the machine's load: nobody can tell it ran alone"
     cpus = float(((record.user_attrs.get("pipeline") or {}).get("resources") or {}).get("cpus") or 1)
-    if load is None or load <= cpus + max_load:
+    if load <= cpus + max_load:
         return ""
     return f"timed on a busy machine: 1-min load up to {load:g} beside its own {cpus:g} CPU(s)"
 

@@ -160,3 +160,5 @@ def test_a_timed_bundle_made_beside_other_work_is_named_busy_and_timed_again(tmp
     assert busy_timing(tmp_path, "s", 1.0) == "timed on a busy machine: 1-min load up to 5.2 beside its own 2 CPU(s)"
     assert busy_timing(tmp_path, "s", 4.0) == "", "--max-load 4 tolerates it"
     assert busy_timing(tmp_path, "missing", 1.0) == ""
+    record.provenance = {}  # trials from before the load was recorded
+    assert busy_timing(tmp_path, "s", 1.0).startswith("timed before trials recorded the machine's load")
