@@ -20,6 +20,7 @@ from paretolab.results.replicates import is_replicate
 from paretolab.study.report_spec import Claim, split_label
 
 NONE = "none"
+FIXED = ("fixed",)  # the replicate key of a side that does not vary by replicate
 
 
 @dataclass
@@ -100,17 +101,23 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
             return short(k)  # rfid_moe.memory and svd_moe.memory are the same setting
         return k
 
-    def split(trial: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, str]] | None:
+    # a side none of whose trials has a replicate parameter does not vary by replicate (magnitude pruning beside Wanda's
+    # calibration draws): its trial pairs with the other side's trial of every replicate
+    fixed = {side for side, ts in sides.items() if ts and not full[side] & reps}
+
+    def split(trial: dict[str, Any], side: str) -> tuple[tuple[Any, ...], dict[str, str]] | None:
         rep = tuple(repr(v) for k, v in sorted(trial["params"].items()) if k in reps)  # one value per stage that has it
         if claim.replicates and not rep:
-            return None
+            if side not in fixed:
+                return None
+            rep = FIXED
         named = {}
         for k, v in trial["params"].items():
             if (name := setting_name(k)) is not None:
                 named[name] = _text(v)
         return rep, named
 
-    parts = {side: [(t, s) for t in ts if (s := split(t)) is not None] for side, ts in sides.items()}
+    parts = {side: [(t, s) for t in ts if (s := split(t, side)) is not None] for side, ts in sides.items()}
     values = {side: {} for side in parts}  # setting name -> the values it takes on that side
     for side, ps in parts.items():
         for _, (_, named) in ps:
@@ -132,13 +139,18 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
     method, baseline = keyed("method"), keyed("baseline")
     groups: dict[tuple[Any, ...], Group] = {}
     ambiguous = 0
-    for key in sorted(set(method) & set(baseline), key=repr):
-        for m_extra, m_trials in sorted(method[key].items()):
-            for b_extra, b_trials in sorted(baseline[key].items()):
+    keys = [(k, k) for k in set(method) & set(baseline)]
+    if "baseline" in fixed and "method" not in fixed:
+        keys = [(k, (FIXED, k[1])) for k in method if (FIXED, k[1]) in baseline]
+    elif "method" in fixed and "baseline" not in fixed:
+        keys = [((FIXED, k[1]), k) for k in baseline if (FIXED, k[1]) in method]
+    for m_key, b_key in sorted(keys, key=repr):
+        for m_extra, m_trials in sorted(method[m_key].items()):
+            for b_extra, b_trials in sorted(baseline[b_key].items()):
                 if len(m_trials) != 1 or len(b_trials) != 1:
                     ambiguous += 1
                     continue
-                gid = (key[1], m_extra, b_extra)
+                gid = (m_key[1], m_extra, b_extra)
                 groups.setdefault(gid, Group(())).pairs.append((m_trials[0], b_trials[0]))
     return _name_groups(groups), ambiguous
 

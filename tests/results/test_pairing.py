@@ -92,3 +92,24 @@ def test_same_method_on_both_sides_also_pairs_on_its_parameters_no_bracket_names
     assert ambiguous == 0
     assert sorted((m["params"]["stage0.layerdrop.k"], m["params"]["stage0.layerdrop.seed"], m["trial"] + 1 == b["trial"]) for m, b in pairs) == [
         (21, 0, True), (21, 1, True), (23, 0, True), (23, 1, True)]
+
+
+def test_a_baseline_without_replicates_pairs_with_every_draw_of_the_method():
+    """wanda_vs_magnitude: Wanda on three calibration draws, magnitude pruning (no calibration) once per sparsity."""
+    from paretolab.results.pairing import group_pairs
+    from paretolab.study.report_spec import Claim
+
+    claim = Claim("t", "ppl", "wanda", "magnitude", "lower", "calib_seed")
+
+    def trial(n, label, sparsity, **extra):
+        return {"trial": n, "label": label, "ppl": 30.0 + n, "params": {f"{label}.sparsity": sparsity, **{f"{label}.{k}": v for k, v in extra.items()}}}
+
+    trials = [trial(n, "wanda", s, calib_seed=c) for n, (s, c) in enumerate((s, c) for s in (0.3, 0.5) for c in (0, 1, 2))]
+    trials += [trial(6, "magnitude", 0.3, scope="row"), trial(7, "magnitude", 0.5, scope="row")]
+    groups, ambiguous = group_pairs(claim, trials)
+    got = {g.label(): [(m["trial"], b["trial"]) for m, b in g.pairs] for g in groups}
+    assert got == {"sparsity=0.3": [(0, 6), (1, 6), (2, 6)], "sparsity=0.5": [(3, 7), (4, 7), (5, 7)]}, got
+    assert ambiguous == 0
+    trials[6]["params"]["magnitude.calib_seed"] = 0  # a baseline that has draws pairs on them: only calib_seed 0 now
+    got = [[(m["trial"], b["trial"]) for m, b in g.pairs] for g in group_pairs(claim, trials)[0]]
+    assert got == [[(0, 6)]], got  # the magnitude trial without a draw (7) has no replicate to pair on
