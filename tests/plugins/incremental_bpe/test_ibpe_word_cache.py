@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import random
 import string
 from collections.abc import Callable
@@ -57,3 +58,24 @@ def test_ids_stay_correct_after_the_engines_that_made_them_are_gone(tok_c: Incre
         gc.collect()
     assert all(ids == truth for ids in kept)
     assert tok_c.fresh().encode(PROSE) == truth
+
+
+def test_long_candidate_chains_give_the_same_ids_tested_eight_at_a_time_or_one_by_one(hf_ids: Callable[[str], list[int]]) -> None:
+    """Runs of '-' or '=' put ~30 candidates behind a byte; where the CPU has AVX2 they are tested 8 at once. Both ways agree
+    with HF, in this process and in one where IBPE_NO_AVX2 turns the vector path off."""
+    import os
+    import subprocess
+    import sys
+
+    rng = random.Random(3)
+    text = "".join(rng.choice(["-" * rng.randint(1, 90), "=" * rng.randint(1, 50), "#" * rng.randint(1, 40), " ", "a-b", "\n"])
+                   for _ in range(3000))
+    truth = hf_ids(text)
+    code = ("import sys, json; from transformers import AutoTokenizer; from paretolab.models import SmolLM2; "
+            "from paretolab.plugins.incremental_bpe import IncrementalBPE; "
+            "t = IncrementalBPE.from_hf(AutoTokenizer.from_pretrained(SmolLM2().pull())); "
+            "print(json.dumps(t.encode(sys.stdin.read())))")
+    for off in ("", "1"):
+        env = {**os.environ, "IBPE_NO_AVX2": off} if off else {k: v for k, v in os.environ.items() if k != "IBPE_NO_AVX2"}
+        out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, env=env, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == truth, f"IBPE_NO_AVX2={off!r}"
