@@ -146,7 +146,7 @@ def markdown(study: str, a: str, b: str, found: list[Interaction]) -> str:
         rows.append({"metric": x.metric, "base": x.values["base"], a: x.values["A"], b: x.values["B"], f"{a}+{b}": x.values["A+B"],
                      f"log {a}/base": number(x.effect_a, signed=True), f"log {b}/base": number(x.effect_b, signed=True),
                      f"log {a}+{b}/base": number(x.effect_ab, signed=True), "interaction": number(x.term, signed=True), "95 % interval": span,
-                     "reading": x.reading + (f" (prompts resampled within each trial; {b} is timed against its own target inside each "
+                     "reading": x.reading + (f" (prompts resampled within each trial; {b} is measured against its own target inside each "
                                              f"trial, so base and {a} read 1)" if x.relative and x.n else f" ({x.n} windows, paired)" if x.n else "")})
     trials = found[0].trials if found else {}
     head = (f"Interaction of {a} and {b} in study {study!r} (trials: " + ", ".join(f"{k} #{v}" for k, v in (trials or {}).items())
