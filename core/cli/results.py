@@ -166,6 +166,8 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
         state, why = study_state(root, study)
         if state == "stale":
             _forget(root, stores, study, why)
+        elif study in doc.timed and not args.busy_ok and (busy := busy_timing(root, study, args.max_load)):
+            _forget_finished(stores, study, busy)
         if study in doc.timed and not args.busy_ok:
             wait_for_quiet(study, args.max_load, args.wait_min)
         start = time.monotonic()
@@ -212,6 +214,24 @@ def _forget(root: Path, stores: object, study: str, why: str) -> None:
         return  # not in the store: the run creates it
     if not load_spec(root / "pipelines" / f"{study}.yaml").matches_hash(stored):
         print(f"{study}: the results store holds it from another pipeline ({why}); starting it afresh")
+        remove_study(stores, study)  # type: ignore[arg-type]
+
+
+def _forget_finished(stores: object, study: str, why: str) -> None:
+    """A busy bundle's study finished in the results store: removed, so it is timed again rather than re-exported (an
+    unfinished one resumes: that is a retiming under way)."""
+    from paretolab.errors import ConfigError
+    from paretolab.results.read import load_study
+    from paretolab.stores.remove import remove_study
+
+    try:
+        stored = load_study(study, stores)  # type: ignore[arg-type]
+    except ConfigError:
+        return
+    wanted = ((stored.user_attrs.get("pipeline") or {}).get("search") or {}).get("trials")
+    done = sum(t.state.is_finished() for t in stored.get_trials(deepcopy=False))
+    if isinstance(wanted, int) and done >= wanted:
+        print(f"{study}: its bundle was {why}; the results store's run is finished, so it is timed again afresh")
         remove_study(stores, study)  # type: ignore[arg-type]
 
 

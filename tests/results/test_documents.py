@@ -162,3 +162,24 @@ def test_a_timed_bundle_made_beside_other_work_is_named_busy_and_timed_again(tmp
     assert busy_timing(tmp_path, "missing", 1.0) == ""
     record.provenance = {}  # trials from before the load was recorded
     assert busy_timing(tmp_path, "s", 1.0).startswith("timed before trials recorded the machine's load")
+
+
+def test_a_busy_bundles_finished_run_is_removed_to_be_timed_again_and_an_unfinished_one_resumes(tmp_path, capsys):
+    import optuna
+
+    from paretolab.cli.results import _forget_finished
+    from paretolab.stores.locations import resolve_stores
+
+    stores = resolve_stores(home=str(tmp_path / "store"))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name, finished in (("done", 2), ("half", 1)):
+        study = optuna.create_study(study_name=name, storage=stores.optuna_url)
+        study.set_user_attr("pipeline", {"search": {"trials": 2}})
+        for _ in range(finished):
+            study.add_trial(optuna.trial.create_trial(value=1.0))
+    _forget_finished(stores, "done", "timed on a busy machine")
+    _forget_finished(stores, "half", "timed on a busy machine")
+    _forget_finished(stores, "absent", "timed on a busy machine")
+    names = {s.study_name for s in optuna.get_all_study_summaries(stores.optuna_url)}
+    assert names == {"half"}, names
+    assert "done: its bundle was timed on a busy machine; the results store's run is finished, so it is timed again afresh" in capsys.readouterr().out
