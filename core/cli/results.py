@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 from paretolab.cli.common import stores_from_flags
@@ -41,14 +42,14 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def _status(root: Path, docs: list) -> int:
-    from paretolab.results.documents import MAX_LOAD, busy_timing, expected_minutes, study_state
+    from paretolab.results.documents import expected_minutes, run_state
 
     for doc in docs:
         print(f"{doc.path} ({doc.family}):")
         for study in doc.studies:
-            state, why = study_state(root, study)
-            if state == "current" and study in doc.timed and (busy := busy_timing(root, study, MAX_LOAD)):
-                state, why = "busy", busy + " (`results run` times it again)"
+            state, why = run_state(root, study, timed=study in doc.timed)
+            if state == "busy":
+                why += " (`results run` times it again)"
             minutes = expected_minutes(root, study)
             took = f", took {minutes:.0f} min" if minutes is not None else ""
             timed = " [timed: run alone]" if study in doc.timed else ""
@@ -121,7 +122,7 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     """Run each study whose bundle is missing or stale, one at a time, and write its bundle as soon as it finishes."""
     from paretolab.errors import ConfigError
     from paretolab.results.bundle_stores import export_bundle
-    from paretolab.results.documents import bundle_path, busy_timing, expected_minutes, study_state, worst_case_minutes
+    from paretolab.results.documents import bundle_path, expected_minutes, run_state, worst_case_minutes
     from paretolab.stores import resolve_stores
 
     from paretolab.results.documents import MAX_LOAD
@@ -130,8 +131,10 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
         args.max_load = MAX_LOAD
     home = Path(args.home or root / "results" / ".store")
     stores = resolve_stores(home=str(home))
-    todo = [(doc, s) for doc in docs for s in doc.studies
-            if study_state(root, s)[0] != "current" or (s in doc.timed and not args.busy_ok and busy_timing(root, s, args.max_load))]
+    def state(doc: Any, study: str) -> tuple[str, str]:
+        return run_state(root, study, timed=study in doc.timed, max_load=args.max_load, busy_ok=args.busy_ok)
+
+    todo = [(doc, s) for doc in docs for s in doc.studies if state(doc, s)[0] != "current"]
     if args.untimed:
         skipped = [s for doc, s in todo if s in doc.timed]
         todo = [(doc, s) for doc, s in todo if s not in doc.timed]
@@ -163,11 +166,11 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
                 print(f"prepare: {command}", flush=True)
                 prepared.add(command)
                 _call([str(bin_dir / command.split()[0]), *command.split()[1:]], root)
-        state, why = study_state(root, study)
-        if state == "stale":
+        now, why = state(doc, study)
+        if now == "stale":
             _forget(root, stores, study, why)
-        elif study in doc.timed and not args.busy_ok and (busy := busy_timing(root, study, args.max_load)):
-            _forget_finished(stores, study, busy)
+        elif now == "busy":
+            _forget_finished(stores, study, why)
         if study in doc.timed and not args.busy_ok:
             wait_for_quiet(study, args.max_load, args.wait_min)
         start = time.monotonic()

@@ -168,6 +168,15 @@ def busy_timing(root: Path, study: str, max_load: float) -> str:
     return f"timed on a busy machine: 1-min load up to {load:g} beside its own {cpus:g} CPU(s)"
 
 
+def run_state(root: Path, study: str, *, timed: bool, max_load: float = MAX_LOAD, busy_ok: bool = False) -> tuple[str, str]:
+    """:func:`study_state`, with "busy" for a current timed study whose bundle :func:`busy_timing` finds unfit (unless
+    ``busy_ok``): the one decision of what `results status` reports and `results run` runs."""
+    state, why = study_state(root, study)
+    if state == "current" and timed and not busy_ok and (busy := busy_timing(root, study, max_load)):
+        return "busy", busy
+    return state, why
+
+
 def expected_minutes(root: Path, study: str) -> float | None:
     """How long the study took when its bundle was made (first trial start to last trial end), if a bundle exists."""
     from paretolab.results.bundle import read_bundle
