@@ -15,6 +15,7 @@ Where things are (``make engines`` makes both; environment variables override):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -74,6 +75,10 @@ class LlamaEngine:
         if missing:
             raise EngineUnavailable(f"engine 'llama' is not installed: missing {' and '.join(missing)}; run `make engines` "
                                     "(or set PARETOLAB_ENGINES / PARETOLAB_LLAMA_PYTHON / PARETOLAB_LLAMA_CONVERTER)")
+        if (converter.parent / "conversion").is_dir() and importlib.util.find_spec("sentencepiece") is None:
+            # llama.cpp's converter (its `conversion/` package) runs in this Python and imports sentencepiece for Llama models
+            raise EngineUnavailable(f"engine 'llama' is found ({converter.parent}) but this Python ({sys.executable}) lacks sentencepiece, "
+                                    "which its GGUF converter imports: run `make engines-llama` (it adds the `engines` extra)")
         return cls(python=python, converter=converter)
 
     def convert(self, model_dir: Path, out: Path, outtype: str = "f32", *, timeout_s: float = 900.0, log: Path | None = None) -> Path:

@@ -8,6 +8,7 @@ real engine's test (marker ``engine``) runs where ``make engines`` installed it.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import sys
@@ -66,6 +67,23 @@ def test_missing_engine_says_how_to_install(tmp_path, monkeypatch) -> None:
     with pytest.raises(EngineUnavailable, match="make engines"):
         LlamaEngine.find()
 
+
+
+def test_converter_without_sentencepiece_says_which_target_adds_it(tmp_path, monkeypatch) -> None:
+    """llama.cpp's converter runs in this Python; without the `engines` extra it died mid-conversion on an import."""
+    (tmp_path / "llama" / "bin").mkdir(parents=True)
+    (tmp_path / "llama" / "bin" / "python").write_text("")
+    (tmp_path / "llama-convert" / "conversion").mkdir(parents=True)
+    (tmp_path / "llama-convert" / "convert_hf_to_gguf.py").write_text("")
+    monkeypatch.setenv("PARETOLAB_ENGINES", str(tmp_path))
+    for var in ("PARETOLAB_LLAMA_PYTHON", "PARETOLAB_LLAMA_CONVERTER"):
+        monkeypatch.delenv(var, raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    with pytest.raises(EngineUnavailable, match="lacks sentencepiece.*make engines-llama"):
+        LlamaEngine.find()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "sentencepiece" else real(name, *a))
+    assert LlamaEngine.find().converter == tmp_path / "llama-convert" / "convert_hf_to_gguf.py"
 
 @pytest.fixture
 def fake_llama(tmp_path, monkeypatch) -> Path:
