@@ -151,6 +151,7 @@ typedef struct {
     int32_t n_tokens, n_nodes;
     int32_t *length;     /* by token id (automaton build) */
     int32_t *node_token; /* by node */
+    uint8_t ascii_bits[4][16]; /* [class][low nibble]: bit h set when byte h << 4 | low (ASCII) has the class */
     PyObject **ints;     /* by token id: the int object returned for it (shared_ints, not owned) */
     int32_t *node_len;   /* by node: bytes of its token */
     int32_t byte_token[256];
@@ -163,7 +164,9 @@ typedef struct {
     int32_t *cand_rlen, *cand_lo, *cand_span; /* the candidates' tests as three arrays (chain_avx2 loads 8 at once) */
     IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
     IntBuf ids;             /* scratch for encode_text: the ids before they become a list (kept: no malloc per call) */
-    int64_t *node_out;      /* by node: token id | length << 32 (one load per emitted token) */
+    uint8_t *node_len8;     /* by node: bytes of its token (<= 255, checked at build), read as each position's winner is found */
+    uint8_t *lens;          /* scratch by position: bytes of the last token there, so emission steps back without a dependent load */
+    Py_ssize_t lens_cap;
     int all_bytes;          /* every byte is a token: a long word's bytes are walked as they are */
     uint8_t *kept;          /* scratch: a long word's bytes without those the vocabulary lacks */
     Py_ssize_t kept_cap;
@@ -197,12 +200,6 @@ typedef struct CacheEntry {
     };
     int32_t ids[CACHE_IDS];
 } __attribute__((aligned(64))) CacheEntry;
-
-static inline uint32_t word_hash(const uint8_t *w, Py_ssize_t n) {
-    uint32_t h = 2166136261u;
-    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ w[i]) * 16777619u;
-    return h;
-}
 
 static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
     for (;;) {
@@ -254,25 +251,33 @@ static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_
     return -1; /* unreachable for a consistent vocabulary */
 }
 
-/* the tokens of BPE(word[:end]), read back from last[] (nodes by position), appended to out in one pass */
-static int emit_tokens(const Engine *e, const int32_t *last, Py_ssize_t end, IntBuf *out) {
+/* the tokens of BPE(word[:end]), read back from last[] (nodes by position) and lens[] (their lengths), appended to out in one pass */
+static int emit_tokens(const Engine *e, const int32_t *last, const uint8_t *lens, Py_ssize_t end, IntBuf *out) {
     if (buf_reserve(out, out->len + end) < 0) return -1;
     int32_t *top = out->data + out->len + end, *k = top; /* written backwards at the far end, then moved down */
-    for (Py_ssize_t p = end; p > 0;) {
-        int64_t info = e->node_out[last[p]];
-        *--k = (int32_t)info;
-        p -= info >> 32;
-    }
+    for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
     Py_ssize_t count = top - k;
     memmove(out->data + out->len, k, count * sizeof(int32_t));
     out->len += count;
     return 0;
 }
 
+static int reserve_lens(Engine *e, Py_ssize_t n) {
+    if (e->lens_cap >= n) return 0;
+    uint8_t *l = PyMem_Realloc(e->lens, n);
+    if (!l) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->lens = l, e->lens_cap = n;
+    return 0;
+}
+
 /* BPE of one pre-token, appended to out */
 static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
-    if (buf_reserve(&e->last, n + 1) < 0) return -1;
+    if (buf_reserve(&e->last, n + 1) < 0 || reserve_lens(e, n + 1) < 0) return -1;
     int32_t *last = e->last.data;
+    uint8_t *lens = e->lens;
     last[0] = 0;
     Py_ssize_t end = 0;
     int32_t state = 0;
@@ -286,8 +291,9 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
             return -1;
         }
         last[end] = u;
+        lens[end] = e->node_len8[u];
     }
-    return emit_tokens(e, last, end, out);
+    return emit_tokens(e, last, lens, end, out);
 }
 
 /* Long words (runs without spaces: unspaced letters, CJK, base64 lines, emoji runs). On these the
@@ -328,8 +334,11 @@ static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t
 }
 
 static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
-    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0) return -1;
-    if (!e->all_bytes) {
+    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0 || reserve_lens(e, n + 1) < 0) return -1;
+    Py_ssize_t lack = 0; /* the first byte the vocabulary lacks, if any: most words have none, and are walked in place */
+    if (!e->all_bytes)
+        while (lack < n && e->byte_token[w[lack]] >= 0) lack++;
+    if (!e->all_bytes && lack < n) {
         if (e->kept_cap < n) {
             uint8_t *k = PyMem_Realloc(e->kept, n);
             if (!k) {
@@ -338,8 +347,9 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
             }
             e->kept = k, e->kept_cap = n;
         }
-        Py_ssize_t m = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(e->kept, w, lack);
+        Py_ssize_t m = lack;
+        for (Py_ssize_t i = lack; i < n; i++) {
             e->kept[m] = w[i];
             m += e->byte_token[w[i]] >= 0;
         }
@@ -347,6 +357,7 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
         if (n == 0) return 0;
     }
     int32_t *last = e->last.data;
+    uint8_t *lens = e->lens;
     const int32_t *st = e->walk.data;
     walk_states(e, w, n, e->walk.data);
     last[0] = 0;
@@ -358,8 +369,9 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
             return -1;
         }
         last[i + 1] = u;
+        lens[i + 1] = e->node_len8[u];
     }
-    return emit_tokens(e, last, n, out);
+    return emit_tokens(e, last, lens, n, out);
 }
 
 #define WORD_AHEAD 3
@@ -374,25 +386,48 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
 #define MAX_BYPASS_WINDOWS 256
 #define KEY_MASK 0x00FFFFFFFFFFFFFFULL /* the key's last 8-byte word without n_ids */
 
-/* the word's cache key (length, bytes, zeros) and its hash, in one pass over its bytes */
-static inline uint32_t word_key(const uint8_t *w, Py_ssize_t n, uint64_t key[3]) {
-    union { uint64_t q[3]; uint8_t b[24]; } k = {{0, 0, 0}};
-    uint32_t h = 2166136261u;
-    k.b[0] = (uint8_t)n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        k.b[1 + i] = w[i];
-        h = (h ^ w[i]) * 16777619u;
+/* A word's cache key (length, bytes, zeros) and its slot, computed once per word as the look-ahead
+ * finds it and carried to the lookup. Where 24 bytes can be read from the word's start (all but the
+ * text's last 23 bytes) the key is three 8-byte loads, shifted and masked, and the slot mixes the
+ * three words (a multiply each); elsewhere the bytes are copied one by one into the same key. */
+typedef struct { uint64_t q[3]; uint32_t slot; } WordKey;
+
+static inline uint64_t low_bytes(Py_ssize_t k) { return k >= 8 ? ~0ULL : k <= 0 ? 0 : (1ULL << (8 * k)) - 1; }
+static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static inline void word_key(const Engine *e, const uint8_t *w, Py_ssize_t n, Py_ssize_t avail, WordKey *k) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (avail >= 24) {
+        k->q[0] = ((load64(w) << 8) & low_bytes(1 + n)) | (uint64_t)n;
+        k->q[1] = load64(w + 7) & low_bytes(n - 7);
+        k->q[2] = load64(w + 15) & low_bytes(n - 15 < 7 ? n - 15 : 7);
+    } else
+#endif
+    {
+        union { uint64_t q[3]; uint8_t b[24]; } u = {{0, 0, 0}};
+        u.b[0] = (uint8_t)n;
+        for (Py_ssize_t i = 0; i < n; i++) u.b[1 + i] = w[i];
+        k->q[0] = u.q[0], k->q[1] = u.q[1], k->q[2] = u.q[2];
     }
-    key[0] = k.q[0], key[1] = k.q[1], key[2] = k.q[2];
-    return h;
+    uint64_t x = k->q[0] * 0x9E3779B97F4A7C15ULL ^ k->q[1] * 0xC2B2AE3D27D4EB4FULL ^ k->q[2] * 0x165667B19E3779F9ULL;
+    k->slot = (uint32_t)(x >> 32) & e->cache_mask;
 }
 
-static inline void word_prefetch(const Engine *e, const uint8_t *w, Py_ssize_t n) {
-    if (n > 1 && n <= CACHE_WORD && e->cache && e->bypass[n].left <= 0) __builtin_prefetch(&e->cache[word_hash(w, n) & e->cache_mask]);
+/* the key of a word the cache may be asked for (a length it keeps, not bypassed), its slot prefetched;
+ * slot UINT32_MAX: the look-ahead left it to the lookup */
+static inline void word_prefetch(const Engine *e, const uint8_t *w, Py_ssize_t n, Py_ssize_t avail, WordKey *k) {
+    if (n > 1 && n <= CACHE_WORD && e->cache && e->bypass[n].left <= 0) {
+        word_key(e, w, n, avail, k);
+        __builtin_prefetch(&e->cache[k->slot]);
+    } else {
+        k->slot = UINT32_MAX;
+        if (n >= 3 && n < LONG_WORD) /* walked from the root: its depth-2 state (two rows of the shallow table) is fetched early */
+            __builtin_prefetch(&e->states[ac_step(e, ac_step(e, 0, w[0]), w[1])]);
+    }
 }
 
 /* BPE of one pre-token, appended to out (which has room for n more ids: a word of n bytes has at most n tokens) */
-static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, const WordKey *key, IntBuf *out) {
     if (n == 1) { /* one byte is its own token (or dropped, as HF drops a byte the vocabulary lacks) */
         int32_t t = e->byte_token[w[0]];
         if (t >= 0) out->data[out->len++] = t;
@@ -405,9 +440,13 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
         by->left--;
         return bpe_word_uncached(e, w, n, out);
     }
-    uint64_t key[3];
-    CacheEntry *c = &e->cache[word_key(w, n, key) & e->cache_mask];
-    int hit = c->key[0] == key[0] && c->key[1] == key[1] && ((c->key[2] ^ key[2]) & KEY_MASK) == 0;
+    WordKey late;
+    if (key->slot == UINT32_MAX) { /* bypassed when the look-ahead saw it, no longer */
+        word_key(e, w, n, 0, &late);
+        key = &late;
+    }
+    CacheEntry *c = &e->cache[key->slot];
+    int hit = c->key[0] == key->q[0] && c->key[1] == key->q[1] && ((c->key[2] ^ key->q[2]) & KEY_MASK) == 0;
     by->hits += hit;
     if (++by->words == WINDOW) {
         if (by->hits * 8 < WINDOW) {
@@ -428,7 +467,7 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (bpe_word_uncached(e, w, n, out) < 0) return -1;
     Py_ssize_t made = out->len - before;
     if (made <= CACHE_IDS) {
-        c->key[0] = key[0], c->key[1] = key[1], c->key[2] = key[2];
+        c->key[0] = key->q[0], c->key[1] = key->q[1], c->key[2] = key->q[2];
         c->n_ids = (uint8_t)made;
         for (Py_ssize_t k = 0; k < made; k++) c->ids[k] = out->data[before + k];
     }
@@ -445,14 +484,41 @@ static inline uint32_t utf8_at(const uint8_t *s, Py_ssize_t i, int *len) {
     return ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) | ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
 }
 
+/* Where the run of class cls starting at i ends. Run lengths are random (base64's letters and digits,
+ * words of prose): a byte-at-a-time loop mispredicts its exit once a run; with AVX2, 32 bytes are
+ * classified at once (two nibble-indexed shuffles of the class's ASCII bitmap) and the first byte
+ * outside the class is found by its bit. A non-ASCII byte goes to the decoding loop. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static Py_ssize_t ascii_run_avx2(const Engine *e, const uint8_t *s, Py_ssize_t i, Py_ssize_t n, int cls) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e->ascii_bits[cls]));
+    const __m256i rowbit = _mm256_broadcastsi128_si256(_mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m256i nib = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    while (i + 32 <= n) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(table, _mm256_and_si256(b, nib)),
+                                     _mm256_shuffle_epi8(rowbit, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib)));
+        unsigned out = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, zero));
+        if (out) return i + __builtin_ctz(out);
+        i += 32;
+    }
+    while (i < n && s[i] < 0x80 && e->classes[s[i]] == cls) i++;
+    return i;
+}
+#endif
+
 static inline Py_ssize_t run_end(const Engine *e, const uint8_t *s, Py_ssize_t i, Py_ssize_t n, int cls) {
-    while (i < n) {
+    for (;;) { /* ASCII bytes are their own code points: no decoding while the run stays ASCII */
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (have_avx2) i = ascii_run_avx2(e, s, i, n, cls);
+        else
+#endif
+            while (i < n && s[i] < 0x80 && e->classes[s[i]] == cls) i++;
+        if (i >= n || s[i] < 0x80) return i;
         int len;
         uint32_t cp = utf8_at(s, i, &len);
-        if (e->classes[cp] != cls) break;
+        if (e->classes[cp] != cls) return i;
         i += len;
     }
-    return i;
 }
 
 /* the end (byte index) of the pre-token starting at i; the whole text is known (batch) */
@@ -533,22 +599,24 @@ static PyObject *encode_text(Engine *e, PyObject *arg) {
     /* pre-tokens are found WORD_AHEAD words ahead of the one being encoded, and their word-cache
      * slots prefetched: a slot is a miss on text whose words do not repeat */
     Py_ssize_t bound[WORD_AHEAD + 1];
+    WordKey keys[WORD_AHEAD + 1];
     int have = 0;
     Py_ssize_t at = 0; /* where the next pre-token to find starts */
     while (have <= WORD_AHEAD && at < n) {
         Py_ssize_t end = pretoken_end(e, s, at, n);
-        word_prefetch(e, s + at, end - at);
+        word_prefetch(e, s + at, end - at, n - at, &keys[have]);
         bound[have++] = at = end;
     }
     Py_ssize_t i = 0;
     for (int k = 0; have > 0; k = (k + 1) % (WORD_AHEAD + 1), have--) {
         Py_ssize_t end = bound[k];
+        WordKey key = keys[k];
         if (at < n) {
             Py_ssize_t next = pretoken_end(e, s, at, n);
-            word_prefetch(e, s + at, next - at);
+            word_prefetch(e, s + at, next - at, n - at, &keys[k]);
             bound[k] = at = next, have++;
         }
-        if (bpe_word(e, s + i, end - i, out) < 0) return NULL;
+        if (bpe_word(e, s + i, end - i, &key, out) < 0) return NULL;
         i = end;
     }
     PHASE(2);
@@ -562,7 +630,7 @@ static PyObject *Engine_encode_word(Engine *e, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     IntBuf out = {0};
-    int rc = buf_reserve(&out, view.len + 16) < 0 ? -1 : bpe_word(e, view.buf, view.len, &out);
+    int rc = buf_reserve(&out, view.len + 16) < 0 ? -1 : bpe_word(e, view.buf, view.len, &(WordKey){.slot = UINT32_MAX}, &out);
     PyBuffer_Release(&view);
     PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0, e->ints);
     PyMem_Free(out.data);
@@ -825,15 +893,16 @@ static int engine_runtime(Engine *e) {
     e->cache = e->cache_mem ? (CacheEntry *)(((uintptr_t)e->cache_mem + 63) & ~(uintptr_t)63) : NULL;
     for (int k = 0; k <= CACHE_WORD; k++) e->bypass[k] = (struct Bypass){0, 0, 0, MIN_BYPASS_WINDOWS};
 
-    e->node_out = PyMem_Malloc((size_t)e->n_nodes * sizeof(int64_t));
-    if (!e->cache || !e->node_out) {
+    e->node_len8 = PyMem_Malloc((size_t)e->n_nodes);
+    if (!e->cache || !e->node_len8) {
         PyErr_NoMemory();
         return -1;
     }
-    for (int32_t k = 0; k < e->n_nodes; k++)
-        e->node_out[k] = (int64_t)(uint32_t)(e->node_token[k] < 0 ? 0 : e->node_token[k]) | ((int64_t)e->node_len[k] << 32);
+    for (int32_t k = 0; k < e->n_nodes; k++) e->node_len8[k] = (uint8_t)e->node_len[k];
     e->all_bytes = 1;
     for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
+    memset(e->ascii_bits, 0, sizeof(e->ascii_bits));
+    for (int b = 0; b < 128; b++) e->ascii_bits[e->classes[b] & 3][b & 15] |= (uint8_t)(1 << (b >> 4));
     return 0;
 }
 
@@ -923,7 +992,8 @@ static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->cand_span);
     PyMem_Free(e->ids.data);
     PyMem_Free(e->kept);
-    PyMem_Free(e->node_out);
+    PyMem_Free(e->node_len8);
+    PyMem_Free(e->lens);
     PyMem_Free(e->cache_mem);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }

@@ -155,10 +155,11 @@ class IncrementalBPE:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens written in the text are recognised, as in HF."""
-        if not self._specials.active:
-            return self._engine.encode_text(text)
+        parts = self._specials.split(text) if self._specials.active else [text]
+        if len(parts) == 1 and isinstance(parts[0], str):  # no added token in it: the engine's list as it is, not a copy
+            return self._engine.encode_text(parts[0])
         out: list[int] = []
-        for part in self._specials.split(text):
+        for part in parts:
             if isinstance(part, int):
                 out.append(part)
             else:
