@@ -128,7 +128,9 @@ static PyObject *buf_to_list(const IntBuf *b, Py_ssize_t from, PyObject *const *
  * token's right part, 0 for a single byte (always passes). */
 typedef struct {
     uint32_t lo, span;
-    int32_t rlen, node;
+    int16_t rlen;
+    uint8_t tlen, pad; /* tlen: bytes of the candidate's token (what emission steps back by) */
+    int32_t node;
 } Cand;
 
 /* A state of the Aho-Corasick automaton, stored as a double array: its children sit at
@@ -139,7 +141,7 @@ typedef struct {
     int32_t chain;       /* candidates (tokens that are suffixes of the state, longest first): cands[chain..] */
     uint32_t lo, span;   /* cands[chain] inline (usually the winner, read with the state itself) */
     int32_t node;
-    uint8_t rlen, depth, n_chain, pad; /* lengths <= 255 (checked at build) */
+    uint8_t rlen, depth, n_chain, tlen; /* lengths <= 255 (checked at build); tlen: the inline candidate's token bytes */
 } State;
 
 #define FREE (-1)
@@ -164,7 +166,6 @@ typedef struct {
     int32_t *cand_rlen, *cand_lo, *cand_span; /* the candidates' tests as three arrays (chain_avx2 loads 8 at once) */
     IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
     IntBuf ids;             /* scratch for encode_text: the ids before they become a list (kept: no malloc per call) */
-    uint8_t *node_len8;     /* by node: bytes of its token (<= 255, checked at build), read as each position's winner is found */
     uint8_t *lens;          /* scratch by position: bytes of the last token there, so emission steps back without a dependent load */
     Py_ssize_t lens_cap;
     int all_bytes;          /* every byte is a token: a long word's bytes are walked as they are */
@@ -180,6 +181,7 @@ typedef struct {
     } bypass[CACHE_WORD + 1];
     Py_buffer backing;      /* Engine.load: the tables above point into this buffer (a memory-mapped file) */
     int backed;
+    struct Specials *specials; /* added tokens found in encode_text's input (set_specials), NULL: none */
 } Engine;
 
 /* One entry is one 64-byte cache line (aligned), so a lookup costs at most one miss. Its first 24
@@ -233,21 +235,24 @@ __attribute__((target("avx2"))) static int32_t chain_avx2(const Engine *e, const
         __m256i span = _mm256_loadu_si256((const __m256i *)(e->cand_span + k));
         __m256i pass = _mm256_and_si256(gather, _mm256_cmpgt_epi32(_mm256_xor_si256(span, sign), _mm256_xor_si256(d, sign)));
         unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_or_si256(pass, single)));
-        if (mask) return e->cands[k + __builtin_ctz(mask)].node;
+        if (mask) return k + __builtin_ctz(mask);
     }
     return -1;
 }
 #endif
 
 /* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
-static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state) {
+static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state, uint8_t *tlen) {
     const State *st = &e->states[state];
-    if (st->rlen == 0 || (uint32_t)last[end - st->rlen - base] - st->lo < st->span) return st->node;
+    if (st->rlen == 0 || (uint32_t)last[end - st->rlen - base] - st->lo < st->span) return *tlen = st->tlen, st->node;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (st->n_chain > CHAIN_SIMD && have_avx2 && e->cand_rlen) return chain_avx2(e, last, end - base, st->chain + 1, st->chain + st->n_chain);
+    if (st->n_chain > CHAIN_SIMD && have_avx2 && e->cand_rlen) {
+        int32_t k = chain_avx2(e, last, end - base, st->chain + 1, st->chain + st->n_chain);
+        return k < 0 ? -1 : (*tlen = e->cands[k].tlen, e->cands[k].node);
+    }
 #endif
     for (const Cand *c = e->cands + st->chain, *stop = c + st->n_chain; ++c < stop;)
-        if (c->rlen == 0 || (uint32_t)last[end - c->rlen - base] - c->lo < c->span) return c->node;
+        if (c->rlen == 0 || (uint32_t)last[end - c->rlen - base] - c->lo < c->span) return *tlen = c->tlen, c->node;
     return -1; /* unreachable for a consistent vocabulary */
 }
 
@@ -285,13 +290,12 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         if (e->byte_token[w[i]] < 0) continue;
         state = ac_step(e, state, w[i]);
         end++;
-        int32_t u = last_token(e, last, 0, end, state);
+        int32_t u = last_token(e, last, 0, end, state, &lens[end]);
         if (u < 0) {
             PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             return -1;
         }
         last[end] = u;
-        lens[end] = e->node_len8[u];
     }
     return emit_tokens(e, last, lens, end, out);
 }
@@ -363,13 +367,12 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
     last[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&e->states[st[i + PREFETCH_AHEAD]]);
-        int32_t u = last_token(e, last, 0, i + 1, st[i]);
+        int32_t u = last_token(e, last, 0, i + 1, st[i], &lens[i + 1]);
         if (u < 0) {
             PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             return -1;
         }
         last[i + 1] = u;
-        lens[i + 1] = e->node_len8[u];
     }
     return emit_tokens(e, last, lens, n, out);
 }
@@ -583,19 +586,104 @@ static PyObject *Engine_encode_text(Engine *e, PyObject *arg) {
 #endif
 }
 
-static PyObject *encode_text(Engine *e, PyObject *arg) {
-#ifdef IBPE_PROFILE
-    double t_prev = now_ns();
-#endif
-    Py_ssize_t n;
-    const char *text = PyUnicode_AsUTF8AndSize(arg, &n);
-    if (!text) return NULL;
-    PHASE(0);
-    const uint8_t *s = (const uint8_t *)text;
-    IntBuf *out = &e->ids;
-    out->len = 0;
-    if (buf_reserve(out, n + 16) < 0) return NULL; /* at most one id a byte: no check per word */
-    PHASE(1);
+/* ---------- added tokens (<|im_start|>, ...) in the text ----------
+ * Found where HF finds them, leftmost then longest, in the UTF-8 bytes (a token's first byte is never a
+ * continuation byte, so a match starts on a character). The next first byte is found with memchr when
+ * all tokens share one (SmolLM2's '<'); a run of first bytes that start no token ("<<<<", where a
+ * regex tried every position) is stepped over by a table of the pairs tokens start with. */
+typedef struct Specials {
+    Map trie;                /* node << 8 | byte -> child (root 0) */
+    int32_t *id;             /* by node: the added token ending there, -1: none */
+    uint8_t lead[256];       /* bytes some token starts with */
+    uint8_t pair[256][32];   /* [first byte]: bitmap of the bytes that may follow it in a token (all, for a one-byte token) */
+    int n_leads;
+    uint8_t only_lead;       /* the lead when n_leads == 1 */
+} Specials;
+
+static void specials_free(Specials *sp) {
+    if (!sp) return;
+    map_free(&sp->trie);
+    PyMem_Free(sp->id);
+    PyMem_Free(sp);
+}
+
+static inline int pair_ok(const Specials *sp, uint8_t a, uint8_t b) { return sp->pair[a][b >> 3] >> (b & 7) & 1; }
+
+/* the start of the first added token at or after q (its end and id through the pointers), -1: none */
+static Py_ssize_t next_special(const Specials *sp, const uint8_t *s, Py_ssize_t q, Py_ssize_t n, Py_ssize_t *end, int32_t *id) {
+    while (q < n) {
+        if (sp->n_leads == 1) {
+            const uint8_t *f = memchr(s + q, sp->only_lead, (size_t)(n - q));
+            if (!f) return -1;
+            q = f - s;
+        } else {
+            while (q < n && !sp->lead[s[q]]) q++;
+            if (q >= n) return -1;
+        }
+        while (q + 1 < n && sp->lead[s[q]] && !pair_ok(sp, s[q], s[q + 1])) q++;
+        if (!sp->lead[s[q]]) continue;
+        int32_t node = 0, best = -1;
+        for (Py_ssize_t p = q; p < n && (node = map_get(&sp->trie, (uint32_t)node << 8 | s[p], -1)) >= 0; p++)
+            if (sp->id[node] >= 0) best = sp->id[node], *end = p + 1;
+        if (best >= 0) return *id = best, q;
+        q++;
+    }
+    return -1;
+}
+
+static PyObject *Engine_set_specials(Engine *e, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "set_specials takes a sequence of (bytes, id)");
+    if (!seq) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq), total = 1;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(item, 0))) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_TypeError, "set_specials: each added token is (bytes, id)");
+            return NULL;
+        }
+        total += PyBytes_GET_SIZE(PyTuple_GET_ITEM(item, 0));
+    }
+    Specials *sp = PyMem_Calloc(1, sizeof(Specials));
+    if (!sp || map_init(&sp->trie, (size_t)total) < 0 || !(sp->id = PyMem_Malloc((size_t)total * sizeof(int32_t)))) {
+        specials_free(sp);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < total; k++) sp->id[k] = -1;
+    int32_t nodes = 1;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(item, 0));
+        Py_ssize_t len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(item, 0));
+        long tid = PyLong_AsLong(PyTuple_GET_ITEM(item, 1));
+        if (tid < 0 || tid >= e->n_tokens) {
+            specials_free(sp);
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "set_specials: id %ld is not a token id", tid);
+            return NULL;
+        }
+        if (len == 0) continue;
+        int32_t node = 0;
+        for (Py_ssize_t p = 0; p < len; p++) {
+            int32_t child = map_get(&sp->trie, (uint32_t)node << 8 | b[p], -1);
+            if (child < 0) map_put(&sp->trie, (uint32_t)node << 8 | b[p], child = nodes++);
+            node = child;
+        }
+        sp->id[node] = (int32_t)tid;
+        if (!sp->lead[b[0]]) sp->lead[b[0]] = 1, sp->n_leads++, sp->only_lead = b[0];
+        if (len == 1) memset(sp->pair[b[0]], 0xff, 32);
+        else sp->pair[b[0]][b[1] >> 3] |= (uint8_t)(1 << (b[1] & 7));
+    }
+    Py_DECREF(seq);
+    specials_free(e->specials);
+    e->specials = sp->n_leads ? sp : NULL;
+    if (!sp->n_leads) specials_free(sp);
+    Py_RETURN_NONE;
+}
+
+/* BPE of the pre-tokens of s[0:n], appended to out (which has room for n more ids) */
+static int encode_span(Engine *e, const uint8_t *s, Py_ssize_t n, IntBuf *out) {
     /* pre-tokens are found WORD_AHEAD words ahead of the one being encoded, and their word-cache
      * slots prefetched: a slot is a miss on text whose words do not repeat */
     Py_ssize_t bound[WORD_AHEAD + 1];
@@ -616,9 +704,36 @@ static PyObject *encode_text(Engine *e, PyObject *arg) {
             word_prefetch(e, s + at, next - at, n - at, &keys[k]);
             bound[k] = at = next, have++;
         }
-        if (bpe_word(e, s + i, end - i, &key, out) < 0) return NULL;
+        if (bpe_word(e, s + i, end - i, &key, out) < 0) return -1;
         i = end;
     }
+    return 0;
+}
+
+static PyObject *encode_text(Engine *e, PyObject *arg) {
+#ifdef IBPE_PROFILE
+    double t_prev = now_ns();
+#endif
+    Py_ssize_t n;
+    const char *text = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!text) return NULL;
+    PHASE(0);
+    const uint8_t *s = (const uint8_t *)text;
+    IntBuf *out = &e->ids;
+    out->len = 0;
+    if (buf_reserve(out, n + 16) < 0) return NULL; /* at most one id a byte (an added token too): no check per word */
+    PHASE(1);
+    Py_ssize_t from = 0;
+    if (e->specials) {
+        Py_ssize_t q = 0, end = 0;
+        int32_t id = -1;
+        while ((q = next_special(e->specials, s, q, n, &end, &id)) >= 0) {
+            if (encode_span(e, s + from, q - from, out) < 0) return NULL;
+            out->data[out->len++] = id;
+            from = q = end;
+        }
+    }
+    if (encode_span(e, s + from, n - from, out) < 0) return NULL;
     PHASE(2);
     PyObject *list = buf_to_list(out, 0, e->ints);
     PHASE(3);
@@ -725,8 +840,8 @@ static int layout(Engine *e, TrieNode *tn, const int32_t *order, int32_t n, int3
         sv->chain = tn[v].chain;
         sv->n_chain = (uint8_t)tn[v].n_chain;
         sv->depth = (uint8_t)tn[v].depth;
-        Cand first = tn[v].n_chain ? e->cands[tn[v].chain] : (Cand){0, 0, 0, -1};
-        sv->lo = first.lo, sv->span = first.span, sv->node = first.node, sv->rlen = (uint8_t)first.rlen;
+        Cand first = tn[v].n_chain ? e->cands[tn[v].chain] : (Cand){0, 0, 0, 0, 0, -1};
+        sv->lo = first.lo, sv->span = first.span, sv->node = first.node, sv->rlen = (uint8_t)first.rlen, sv->tlen = first.tlen;
     }
     e->states = da;
     e->n_slots = (int32_t)used;
@@ -893,12 +1008,10 @@ static int engine_runtime(Engine *e) {
     e->cache = e->cache_mem ? (CacheEntry *)(((uintptr_t)e->cache_mem + 63) & ~(uintptr_t)63) : NULL;
     for (int k = 0; k <= CACHE_WORD; k++) e->bypass[k] = (struct Bypass){0, 0, 0, MIN_BYPASS_WINDOWS};
 
-    e->node_len8 = PyMem_Malloc((size_t)e->n_nodes);
-    if (!e->cache || !e->node_len8) {
+    if (!e->cache) {
         PyErr_NoMemory();
         return -1;
     }
-    for (int32_t k = 0; k < e->n_nodes; k++) e->node_len8[k] = (uint8_t)e->node_len[k];
     e->all_bytes = 1;
     for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
     memset(e->ascii_bits, 0, sizeof(e->ascii_bits));
@@ -948,7 +1061,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t k = 0; k < m; k++) {
         int32_t t = e->node_token[k];
         e->node_len[k] = t >= 0 && t < n ? e->length[t] : 0;
-        tests[k] = (Cand){(uint32_t)lo[k], (uint32_t)(hi[k] - lo[k]), rlen[k], (int32_t)k};
+        tests[k] = (Cand){(uint32_t)lo[k], (uint32_t)(hi[k] - lo[k]), (int16_t)rlen[k], (uint8_t)e->node_len[k], 0, (int32_t)k};
     }
     Py_ssize_t total = 0;
     for (Py_ssize_t t = 0; t < n; t++) {
@@ -974,6 +1087,7 @@ done:
 }
 
 static void Engine_dealloc(Engine *e) {
+    specials_free(e->specials);
     PyMem_Free(e->length);
     if (e->backed) {
         PyBuffer_Release(&e->backing);
@@ -992,7 +1106,6 @@ static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->cand_span);
     PyMem_Free(e->ids.data);
     PyMem_Free(e->kept);
-    PyMem_Free(e->node_len8);
     PyMem_Free(e->lens);
     PyMem_Free(e->cache_mem);
     Py_TYPE(e)->tp_free((PyObject *)e);
@@ -1056,7 +1169,8 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
         if (e->byte_token[s[i]] < 0) continue;
         w->state = ac_step(e, w->state, s[i]);
         w->end++;
-        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state);
+        uint8_t tlen;
+        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state, &tlen);
         if (u < 0) {
             PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             goto fail;
@@ -1137,7 +1251,8 @@ static PyObject *Engine_eager_word(Engine *e, PyObject *Py_UNUSED(ignored)) {
 static PyObject *Engine_dump(Engine *e, PyObject *Py_UNUSED(ignored));
 
 static PyMethodDef Engine_methods[] = {
-    {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text with no added tokens."},
+    {"encode_text", (PyCFunction)Engine_encode_text, METH_O, "Pre-tokenize and BPE a text (added tokens given to set_specials become their ids)."},
+    {"set_specials", (PyCFunction)Engine_set_specials, METH_O, "The added tokens encode_text finds in a text: a sequence of (bytes, id)."},
     {"encode_word", (PyCFunction)Engine_encode_word, METH_O, "BPE of one pre-token's bytes."},
     {"eager_word", (PyCFunction)Engine_eager_word, METH_NOARGS, "A new EagerWord."},
     {"dump", (PyCFunction)Engine_dump, METH_NOARGS, "The read-only tables as bytes (load() takes them back)."},
@@ -1162,7 +1277,7 @@ static PyTypeObject EngineType = {
  * dump (a memory-mapped file keeps them aligned). load() checks every count against the buffer's
  * size and every index the encoder follows against its table, so a damaged dump is refused with
  * ValueError, never read out of bounds; the caller (_cache.py) also checks a CRC and its key. */
-#define LAYOUT_VERSION 1
+#define LAYOUT_VERSION 2
 #define N_SECTIONS 7
 typedef struct {
     char magic[8];        /* "IBPEFAST" */
@@ -1236,13 +1351,13 @@ static int validate(const Engine *e) {
         }
         if (st->chain < 0 || (int64_t)st->chain + st->n_chain > e->n_cands) BAD("state %d: candidates %d+%d", s, st->chain, st->n_chain);
         const Cand *first = &e->cands[st->chain];
-        if (first->lo != st->lo || first->span != st->span || first->node != st->node || first->rlen != st->rlen)
+        if (first->lo != st->lo || first->span != st->span || first->node != st->node || first->rlen != st->rlen || first->tlen != st->tlen)
             BAD("state %d: inline candidate differs from its run", s);
         for (int k = 0; k < st->n_chain; k++) {
             const Cand *c = &e->cands[st->chain + k];
             if (c->node <= 0 || c->node >= e->n_nodes) BAD("state %d: candidate node %d", s, c->node);
             int32_t len = e->node_len[c->node];
-            if (len > st->depth || c->rlen < 0 || c->rlen >= len || (c->rlen == 0) != (len == 1))
+            if (len > st->depth || c->rlen < 0 || c->rlen >= len || (c->rlen == 0) != (len == 1) || c->tlen != len)
                 BAD("state %d: candidate %d has length %d, right part %d", s, k, len, c->rlen);
         }
     }

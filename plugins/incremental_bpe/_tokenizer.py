@@ -115,6 +115,10 @@ class IncrementalBPE:
         self.backend = "python" if isinstance(engine, _PythonEngine) else "c"
         self._engine = engine
         self._specials = SpecialSplitter(specials)
+        # the C engine finds added tokens itself, in the bytes it reads anyway (no pass of a regex, no list joined)
+        self._engine_finds_specials = self.backend == "c" and self._specials.active
+        if self._engine_finds_specials:
+            engine.set_specials([(s.content.encode("utf-8"), s.id) for s in specials if s.content])
 
     @property
     def tables(self) -> BPETables:
@@ -155,11 +159,10 @@ class IncrementalBPE:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens written in the text are recognised, as in HF."""
-        parts = self._specials.split(text) if self._specials.active else [text]
-        if len(parts) == 1 and isinstance(parts[0], str):  # no added token in it: the engine's list as it is, not a copy
-            return self._engine.encode_text(parts[0])
+        if self._engine_finds_specials or not self._specials.active:
+            return self._engine.encode_text(text)
         out: list[int] = []
-        for part in parts:
+        for part in self._specials.split(text):
             if isinstance(part, int):
                 out.append(part)
             else:

@@ -91,7 +91,7 @@ PATHOLOGICAL = {
     "dashes (45 candidate tokens)": "-" * 30_000,
     "every punctuation run": "".join(ch * 700 for ch in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
     "added tokens inside a run of their first character": "<" * 5_000 + "<|im_start|>" + "<<<|im_end|<|endoftext|>>"
-    + "<reponame><repo_name><repo_nam<file_sep<|im_end|>",
+    + "<reponame><repo_name><repo_nam<file_sep<|im_end|>" + "<" * 4_999 + "<|im_start|>",  # odd runs too
 }
 
 
@@ -165,3 +165,16 @@ def test_added_tokens_are_found_leftmost_then_longest_when_one_is_a_prefix_of_an
     splitter = SpecialSplitter([SpecialToken("<a>", 1), SpecialToken("<a>b", 2), SpecialToken("a>", 3)])
     assert splitter.split("x<a>bb<a>c<<a>a>") == ["x", 2, "b", 1, "c<", 1, 3]
     assert splitter.first("yy<a") == (2, 4, None)  # may still become <a> or <a>b: held back while streaming
+
+
+def test_the_c_engine_finds_added_tokens_as_the_splitter_does(tok_c: IncrementalBPE) -> None:
+    """SmolLM2's added tokens share no prefix: the longest-match rule is checked on tokens that do."""
+    specials = [SpecialToken("<a>", 1), SpecialToken("<a>b", 2), SpecialToken("a>", 3), SpecialToken("é", 4)]
+    splitter, plain = SpecialSplitter(specials), tok_c.fresh()._engine
+    engine = tok_c.fresh()._engine
+    engine.set_specials([(s.content.encode(), s.id) for s in specials])
+    for text in ("x<a>bb<a>c<<a>a>", "<<<<<a>b<<", "a>a>>", "<a", "éé<a>b😀a>", "", "<" * 999 + "<a>b"):
+        expected = [i for part in splitter.split(text) for i in ([part] if isinstance(part, int) else plain.encode_text(part))]
+        assert engine.encode_text(text) == expected, text
+    with pytest.raises(ValueError, match="id 1000000000 is not a token id"):
+        engine.set_specials([(b"<x>", 10**9)])
