@@ -262,7 +262,11 @@ static int emit_tokens(const Engine *e, const int32_t *last, const uint8_t *lens
     int32_t *top = out->data + out->len + end, *k = top; /* written backwards at the far end, then moved down */
     for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
     Py_ssize_t count = top - k;
-    memmove(out->data + out->len, k, count * sizeof(int32_t));
+    int32_t *dst = out->data + out->len;
+    if (count <= 16) /* a short word's few ids: no call */
+        for (Py_ssize_t j = 0; j < count; j++) dst[j] = k[j];
+    else
+        memmove(dst, k, count * sizeof(int32_t));
     out->len += count;
     return 0;
 }
