@@ -98,9 +98,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_draft_train(args: argparse.Namespace) -> int:
     from paretolab.errors import ConfigError
     from paretolab.models import load_subject
-    from paretolab.plugins.speculative.train import TrainOptions, draft_path, train_draft
+    from paretolab.plugins.speculative.train import TrainOptions, draft_finished, draft_path, train_draft
 
-    if args.if_missing and not args.fresh and draft_path(args.model).is_file():
+    if args.if_missing and not args.fresh and draft_finished(args.model):
         print(f"model {args.model!r} already has a draft ({draft_path(args.model)}): nothing to do (--if-missing)")
         return 0
     if args.budget_min <= 0:

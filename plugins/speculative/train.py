@@ -78,6 +78,16 @@ def draft_path(model_name: str) -> Path:
     return draft_dir(model_name) / "eagle.pt"
 
 
+def draft_finished(model_name: str) -> bool:
+    """Whether the draft's checkpoint ended a training run (its held-out score is in ``meta["curve"]``).
+
+    The checkpoint is also written every minute while a run trains: one cut mid-budget has no curve
+    yet, and ``draft train --if-missing`` continues it instead of taking it for a finished draft.
+    """
+    path = draft_path(model_name)
+    return path.is_file() and bool(_load_checkpoint(path).get("meta", {}).get("curve"))
+
+
 def missing_draft_message(model_name: str) -> str:
     return (
         f"no EAGLE draft for model {model_name!r} at {draft_path(model_name)}; train one with "

@@ -10,6 +10,7 @@ import torch
 from paretolab.errors import ConfigError
 from paretolab.plugins.speculative.train import (
     TrainOptions,
+    draft_finished,
     draft_path,
     load_draft,
     train_draft,
@@ -44,3 +45,15 @@ def test_a_trained_draft_loads_weights_only_and_a_crafted_one_is_refused(tiny, t
     with pytest.raises(ConfigError, match="draft train --fresh"):
         train_draft(tiny, options, log=lambda line: None, show_progress=False)
     assert not marker.exists() and path == draft_path("tiny-llama")
+
+
+def test_a_checkpoint_cut_mid_budget_is_not_taken_for_a_finished_draft(tiny, tmp_path, monkeypatch):
+    """`draft train --if-missing` (the results targets' prepare) skips only a draft whose run ended."""
+    monkeypatch.setenv("PARETOLAB_CACHE", str(tmp_path / "cache"))
+    assert not draft_finished("tiny-llama")
+    path = train_draft(tiny, TrainOptions(budget_min=0.005, max_tokens=512, seq_len=64, vocab=64), log=lambda line: None, show_progress=False)
+    assert draft_finished("tiny-llama")
+    saved = torch.load(path, weights_only=True)
+    saved["meta"]["curve"] = []  # what the per-minute save of a first run holds before its end
+    torch.save(saved, path)
+    assert not draft_finished("tiny-llama")
