@@ -173,10 +173,6 @@ def pretokenize(text: str) -> list[str]:
     return words
 
 
-MAX_LEADS = 4  # distinct first characters of the added tokens searched with str.find (more: the regex alone)
-MAX_MISSES = 64  # first characters that start no token before the regex takes over
-
-
 class SpecialSplitter:
     """Finds added tokens in raw text the way `tokenizers` does: leftmost, then longest.
 
@@ -191,7 +187,6 @@ class SpecialSplitter:
         self._pattern = re.compile(_trie_regex(sorted(self._ids))) if self._ids else None
         self._prefixes = {s[:k] for s in self._ids for k in range(1, len(s))}
         self._longest = max(map(len, self._ids), default=0)
-        self._leads = sorted({s[0] for s in self._ids})  # a text without any of these has no added token
 
     @property
     def active(self) -> bool:
@@ -199,38 +194,9 @@ class SpecialSplitter:
 
     def matches(self, text: str) -> Iterator[tuple[int, int, int]]:
         """``(start, end, id)`` of every added token in ``text``, leftmost-longest, non-overlapping."""
-        if self._pattern is None:
-            return
-        if len(self._leads) > MAX_LEADS:
-            yield from self._all(text, 0)
-            return
-        # Most text holds few of the tokens' first characters: str.find skips to the next one at memory
-        # speed, where the regex reads every character (1 ns/B of WikiText-2, 6 % of the whole encode).
-        # Where they are frequent and mostly not tokens ("<" in HTML), the regex takes the rest in one pass.
-        ahead = {c: text.find(c) for c in self._leads}  # next occurrence of each, -1: none left
-        at, misses = 0, 0
-        while True:
-            for c, p in ahead.items():
-                if 0 <= p < at:
-                    ahead[c] = text.find(c, at)
-            found = [p for p in ahead.values() if p >= 0]
-            if not found:
-                return
-            at = min(found)
-            m = self._pattern.match(text, at)
-            if m is not None:
+        if self._pattern is not None:
+            for m in self._pattern.finditer(text):
                 yield m.start(), m.end(), self._ids[m.group()]
-                at = m.end()
-                continue
-            misses += 1
-            if misses > MAX_MISSES:
-                yield from self._all(text, at)
-                return
-            at += 1
-
-    def _all(self, text: str, at: int) -> Iterator[tuple[int, int, int]]:
-        for m in self._pattern.finditer(text, at):
-            yield m.start(), m.end(), self._ids[m.group()]
 
     def split(self, text: str) -> list[str | int]:
         """Text pieces and special-token ids, in order (empty text pieces left out)."""
