@@ -154,6 +154,7 @@ typedef struct {
     int32_t *length;     /* by token id (automaton build) */
     int32_t *node_token; /* by node */
     uint8_t ascii_bits[4][16]; /* [class][low nibble]: bit h set when byte h << 4 | low (ASCII) has the class */
+    uint8_t lack_bits[2][16];  /* [high nibble >= 8][low nibble]: bit h & 7 set when byte h << 4 | low is no token */
     PyObject **ints;     /* by token id: the int object returned for it (shared_ints, not owned) */
     int32_t *node_len;   /* by node: bytes of its token */
     int32_t byte_token[256];
@@ -244,7 +245,10 @@ __attribute__((target("avx2"))) static int32_t chain_avx2(const Engine *e, const
 /* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
 static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state, uint8_t *tlen) {
     const State *st = &e->states[state];
-    if (st->rlen == 0 || (uint32_t)last[end - st->rlen - base] - st->lo < st->span) return *tlen = st->tlen, st->node;
+    /* one branch, taken at the rate the inline candidate fails, not one per condition: a single byte
+     * (rlen 0, always passes) reads last[] one place back, which is written, and its value does not matter */
+    int pass = (st->rlen == 0) | ((uint32_t)last[end - st->rlen - base - (st->rlen == 0)] - st->lo < st->span);
+    if (__builtin_expect(pass, 1)) return *tlen = st->tlen, st->node;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (st->n_chain > CHAIN_SIMD && have_avx2 && e->cand_rlen) {
         int32_t k = chain_avx2(e, last, end - base, st->chain + 1, st->chain + st->n_chain);
@@ -304,6 +308,41 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
     return emit_tokens(e, last, lens, end, out);
 }
 
+/* A short word (2..CACHE_WORD bytes) the cache did not answer, on the stack. Its first two steps need
+ * no automaton record: the first byte's state is the root's row, the second the first byte's row of
+ * the shallow table, so the branches a step takes (root? depth 1?) are not taken at random per word.
+ * Its ids are read back into a stack buffer and copied out 24 at once (out has ID_SLACK spare ids),
+ * so how many tokens a word has decides no branch but the read-back loop's own. */
+#define ID_SLACK 32
+static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
+    if ((e->byte_token[w[0]] | e->byte_token[w[1]]) < 0) return bpe_word_uncached(e, w, n, out);
+    int32_t last[CACHE_WORD + 1];
+    uint8_t lens[CACHE_WORD + 1];
+    int32_t s1 = e->shallow[w[0]], state = e->shallow[((size_t)(1 + w[0]) << 8) | w[1]];
+    last[0] = 0, lens[0] = 0;
+    last[1] = e->states[s1].node, lens[1] = 1; /* a byte's state: its own token */
+    Py_ssize_t end = 1;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (i > 1) {
+            if (e->byte_token[w[i]] < 0) continue;
+            state = ac_step(e, state, w[i]);
+        }
+        end++;
+        int32_t u = last_token(e, last, 0, end, state, &lens[end]);
+        if (u < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
+            return -1;
+        }
+        last[end] = u;
+    }
+    int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
+    for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
+    int32_t *dst = out->data + out->len;
+    for (int j = 0; j < CACHE_WORD; j += 8) memcpy(dst + j, k + j, 8 * sizeof(int32_t));
+    out->len += top - k;
+    return 0;
+}
+
 /* Long words (runs without spaces: unspaced letters, CJK, base64 lines, emoji runs). On these the
  * cost was the automaton walk: one dependent chain of loads a byte (a state, then its child's
  * check, a fail link on a miss), so every cache miss stalled the byte. Here WALKS walks go over
@@ -341,11 +380,39 @@ static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t
     }
 }
 
+/* the first byte of w[0:n] the vocabulary lacks (n: none); 32 bytes at a time where the CPU has AVX2
+ * (the nibble-shuffle test of run_end, on a bitmap of all 256 bytes: two tables, chosen by the top bit) */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static Py_ssize_t first_lacking_avx2(const Engine *e, const uint8_t *w, Py_ssize_t n) {
+    const __m256i lo_tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e->lack_bits[0]));
+    const __m256i hi_tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e->lack_bits[1]));
+    const __m256i rowbit = _mm256_broadcastsi128_si256(_mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128));
+    const __m256i nib = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    Py_ssize_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(w + i)), low = _mm256_and_si256(b, nib);
+        __m256i bits = _mm256_blendv_epi8(_mm256_shuffle_epi8(lo_tab, low), _mm256_shuffle_epi8(hi_tab, low), b);
+        __m256i m = _mm256_and_si256(bits, _mm256_shuffle_epi8(rowbit, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib)));
+        unsigned hit = ~(unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, zero));
+        if (hit) return i + __builtin_ctz(hit);
+    }
+    while (i < n && e->byte_token[w[i]] >= 0) i++;
+    return i;
+}
+#endif
+
+static Py_ssize_t first_lacking(const Engine *e, const uint8_t *w, Py_ssize_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx2) return first_lacking_avx2(e, w, n);
+#endif
+    Py_ssize_t i = 0;
+    while (i < n && e->byte_token[w[i]] >= 0) i++;
+    return i;
+}
+
 static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0 || reserve_lens(e, n + 1) < 0) return -1;
-    Py_ssize_t lack = 0; /* the first byte the vocabulary lacks, if any: most words have none, and are walked in place */
-    if (!e->all_bytes)
-        while (lack < n && e->byte_token[w[lack]] >= 0) lack++;
+    Py_ssize_t lack = e->all_bytes ? n : first_lacking(e, w, n); /* most words lack none: walked in place */
     if (!e->all_bytes && lack < n) {
         if (e->kept_cap < n) {
             uint8_t *k = PyMem_Realloc(e->kept, n);
@@ -399,7 +466,8 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
  * three words (a multiply each); elsewhere the bytes are copied one by one into the same key. */
 typedef struct { uint64_t q[3]; uint32_t slot; } WordKey;
 
-static inline uint64_t low_bytes(Py_ssize_t k) { return k >= 8 ? ~0ULL : k <= 0 ? 0 : (1ULL << (8 * k)) - 1; }
+static const uint64_t LOW_BYTES[9] = {0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFULL, 0xFFFFFFFFFFFFULL, 0xFFFFFFFFFFFFFFULL, ~0ULL};
+static inline uint64_t low_bytes(Py_ssize_t k) { return LOW_BYTES[k < 0 ? 0 : k > 8 ? 8 : k]; } /* a load, not a branch on the word's length */
 static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 static inline void word_key(const Engine *e, const uint8_t *w, Py_ssize_t n, Py_ssize_t avail, WordKey *k) {
@@ -423,13 +491,20 @@ static inline void word_key(const Engine *e, const uint8_t *w, Py_ssize_t n, Py_
 /* the key of a word the cache may be asked for (a length it keeps, not bypassed), its slot prefetched;
  * slot UINT32_MAX: the look-ahead left it to the lookup */
 static inline void word_prefetch(const Engine *e, const uint8_t *w, Py_ssize_t n, Py_ssize_t avail, WordKey *k) {
-    if (n > 1 && n <= CACHE_WORD && e->cache && e->bypass[n].left <= 0) {
+    /* one branch, not four on the word's length and bypass: most words have 24 readable bytes after them,
+     * and computing a key that goes unused costs less than a mispredicted branch (base64, hex) */
+    int cached = ((size_t)(n - 2) < CACHE_WORD - 1) & (e->bypass[n < CACHE_WORD ? n : CACHE_WORD].left <= 0);
+    if (avail >= 24 && e->cache) {
+        word_key(e, w, n < CACHE_WORD ? n : CACHE_WORD, avail, k);
+        __builtin_prefetch(&e->cache[k->slot]);
+        k->slot = cached ? k->slot : UINT32_MAX;
+        return;
+    }
+    if (cached && e->cache) {
         word_key(e, w, n, avail, k);
         __builtin_prefetch(&e->cache[k->slot]);
     } else {
         k->slot = UINT32_MAX;
-        if (n >= 3 && n < LONG_WORD) /* walked from the root: its depth-2 state (two rows of the shallow table) is fetched early */
-            __builtin_prefetch(&e->states[ac_step(e, ac_step(e, 0, w[0]), w[1])]);
     }
 }
 
@@ -440,12 +515,11 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, const WordKey *ke
         if (t >= 0) out->data[out->len++] = t;
         return 0;
     }
-    if (n >= LONG_WORD) return bpe_long_word(e, w, n, out);
-    if (n == 0 || n > CACHE_WORD || !e->cache) return bpe_word_uncached(e, w, n, out);
+    if (n > CACHE_WORD || !e->cache) return n >= LONG_WORD ? bpe_long_word(e, w, n, out) : bpe_word_uncached(e, w, n, out);
     struct Bypass *by = &e->bypass[n];
     if (by->left > 0) {
         by->left--;
-        return bpe_word_uncached(e, w, n, out);
+        return bpe_short_word(e, w, n, out);
     }
     WordKey late;
     if (key->slot == UINT32_MAX) { /* bypassed when the look-ahead saw it, no longer */
@@ -465,18 +539,17 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, const WordKey *ke
         by->words = by->hits = 0;
     }
     if (hit) {
-        int32_t *dst = out->data + out->len;
-        for (int k = 0; k < c->n_ids; k++) dst[k] = c->ids[k];
+        memcpy(out->data + out->len, c->ids, sizeof(c->ids)); /* all of them: out has ID_SLACK spare */
         out->len += c->n_ids;
         return 0;
     }
     Py_ssize_t before = out->len;
-    if (bpe_word_uncached(e, w, n, out) < 0) return -1;
+    if (bpe_short_word(e, w, n, out) < 0) return -1;
     Py_ssize_t made = out->len - before;
     if (made <= CACHE_IDS) {
         c->key[0] = key->q[0], c->key[1] = key->q[1], c->key[2] = key->q[2];
         c->n_ids = (uint8_t)made;
-        for (Py_ssize_t k = 0; k < made; k++) c->ids[k] = out->data[before + k];
+        memcpy(c->ids, out->data + before, sizeof(c->ids));
     }
     return 0;
 }
@@ -725,7 +798,7 @@ static PyObject *encode_text(Engine *e, PyObject *arg) {
     const uint8_t *s = (const uint8_t *)text;
     IntBuf *out = &e->ids;
     out->len = 0;
-    if (buf_reserve(out, n + 16) < 0) return NULL; /* at most one id a byte (an added token too): no check per word */
+    if (buf_reserve(out, n + ID_SLACK) < 0) return NULL; /* at most one id a byte (an added token too): no check per word */
     PHASE(1);
     Py_ssize_t from = 0;
     if (e->specials) {
@@ -749,7 +822,7 @@ static PyObject *Engine_encode_word(Engine *e, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     IntBuf out = {0};
-    int rc = buf_reserve(&out, view.len + 16) < 0 ? -1 : bpe_word(e, view.buf, view.len, &(WordKey){.slot = UINT32_MAX}, &out);
+    int rc = buf_reserve(&out, view.len + ID_SLACK) < 0 ? -1 : bpe_word(e, view.buf, view.len, &(WordKey){.slot = UINT32_MAX}, &out);
     PyBuffer_Release(&view);
     PyObject *list = rc < 0 ? NULL : buf_to_list(&out, 0, e->ints);
     PyMem_Free(out.data);
@@ -1020,6 +1093,9 @@ static int engine_runtime(Engine *e) {
     for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
     memset(e->ascii_bits, 0, sizeof(e->ascii_bits));
     for (int b = 0; b < 128; b++) e->ascii_bits[e->classes[b] & 3][b & 15] |= (uint8_t)(1 << (b >> 4));
+    memset(e->lack_bits, 0, sizeof(e->lack_bits));
+    for (int b = 0; b < 256; b++)
+        if (e->byte_token[b] < 0) e->lack_bits[b >> 7][b & 15] |= (uint8_t)(1 << ((b >> 4) & 7));
     return 0;
 }
 
