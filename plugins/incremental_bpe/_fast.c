@@ -351,15 +351,22 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
  * once the true one is no deeper than that, so after the walks, each segment is re-walked from the
  * (by then true) state before it until it meets its own walk's state, from where they agree: at
  * most the deepest state's length (255 bytes) per segment, usually a few. The candidate tests then
- * run over the known states, with the state records prefetched ahead. Bytes the vocabulary lacks
- * (HF drops them) are taken out first. */
+ * run over the known states, with the state records prefetched ahead. A long word goes WALK_BLOCK
+ * bytes at a time (the block's first walk goes on from the state the previous block ended in), so the
+ * states are a small array that stays in cache, not 4 bytes a byte of fresh memory (a 2 MB run of
+ * digits: 9.2 -> 8.0 ns/B). Bytes the vocabulary lacks (HF drops them) are taken out first. */
 #define WALKS 4
 #define LONG_WORD 512
 #define PREFETCH_AHEAD 12
+#define WALK_BLOCK 16384 /* bytes walked at once: their states stay in cache, not an array as long as the word */
 
-static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st) {
+static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st, int32_t start) {
     Py_ssize_t seg = n / WALKS;
-    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    if (seg < 16) { /* a short last block: one walk */
+        for (Py_ssize_t p = 0; p < n; p++) st[p] = start = ac_step(e, start, w[p]);
+        return;
+    }
+    int32_t s0 = start, s1 = 0, s2 = 0, s3 = 0; /* the first segment goes on from the state before it */
     const uint8_t *w0 = w, *w1 = w + seg, *w2 = w + 2 * seg, *w3 = w + 3 * seg;
     int32_t *t0 = st, *t1 = st + seg, *t2 = st + 2 * seg, *t3 = st + 3 * seg;
     for (Py_ssize_t j = 0; j < seg; j++) {
@@ -411,7 +418,7 @@ static Py_ssize_t first_lacking(const Engine *e, const uint8_t *w, Py_ssize_t n)
 }
 
 static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
-    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, n) < 0 || reserve_lens(e, n + 1) < 0) return -1;
+    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, WALK_BLOCK) < 0 || reserve_lens(e, n + 1) < 0) return -1;
     Py_ssize_t lack = e->all_bytes ? n : first_lacking(e, w, n); /* most words lack none: walked in place */
     if (!e->all_bytes && lack < n) {
         if (e->kept_cap < n) {
@@ -433,17 +440,22 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
     }
     int32_t *last = e->last.data;
     uint8_t *lens = e->lens;
-    const int32_t *st = e->walk.data;
-    walk_states(e, w, n, e->walk.data);
+    int32_t *st = e->walk.data, state = 0;
     last[0] = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PREFETCH_AHEAD < n) __builtin_prefetch(&e->states[st[i + PREFETCH_AHEAD]]);
-        int32_t u = last_token(e, last, 0, i + 1, st[i], &lens[i + 1]);
-        if (u < 0) {
-            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
-            return -1;
+    for (Py_ssize_t a = 0; a < n; a += WALK_BLOCK) {
+        Py_ssize_t m = n - a < WALK_BLOCK ? n - a : WALK_BLOCK;
+        walk_states(e, w + a, m, st, state);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            if (j + PREFETCH_AHEAD < m) __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
+            Py_ssize_t end = a + j + 1;
+            int32_t u = last_token(e, last, 0, end, st[j], &lens[end]);
+            if (u < 0) {
+                PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
+                return -1;
+            }
+            last[end] = u;
         }
-        last[i + 1] = u;
+        state = st[m - 1];
     }
     return emit_tokens(e, last, lens, n, out);
 }
