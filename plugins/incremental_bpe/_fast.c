@@ -403,16 +403,15 @@ __attribute__((target("avx2"))) static Py_ssize_t first_lacking_avx2(const Engin
         unsigned hit = ~(unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(m, zero));
         if (hit) return i + __builtin_ctz(hit);
     }
-    while (i < n && e->byte_token[w[i]] >= 0) i++;
-    return i;
+    return i; /* the tail is the caller's */
 }
 #endif
 
 static Py_ssize_t first_lacking(const Engine *e, const uint8_t *w, Py_ssize_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx2) return first_lacking_avx2(e, w, n);
-#endif
     Py_ssize_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx2) i = first_lacking_avx2(e, w, n);
+#endif
     while (i < n && e->byte_token[w[i]] >= 0) i++;
     return i;
 }
