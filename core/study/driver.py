@@ -251,7 +251,7 @@ def _drive(
             for ref, job in list(in_flight.items()):
                 if now - job.started > spec.search.trial_timeout_s:
                     in_flight.pop(ref)
-                    pool.lost(job.worker, kill=True)
+                    pool.lost(job.worker)
                     record(job, TrialResult(error=f"timed out after {spec.search.trial_timeout_s:g} s (search.trial_timeout_s)"), now)
         if stop.cancel and in_flight:
             log(f"{stop.cancelled_by}: cancelling the {len(in_flight)} running trial(s); they are recorded as failed")

@@ -90,13 +90,19 @@ class WorkerPool:
         self.busy -= 1
         self.idle.append(worker)
 
-    def lost(self, worker: Any, kill: bool = False) -> None:
-        """A busy worker died (or timed out and is killed): start a replacement if the cluster has room."""
+    def lost(self, worker: Any) -> None:
+        """A busy worker died, stopped answering or timed out: kill it, and start a replacement if the cluster has room.
+
+        Killed even when Ray already calls it dead: an actor that missed its keepalive (its process stopped a while)
+        may come back and hold its CPUs, and the replacement would then wait for them forever, the study hanging.
+        """
         import ray
 
         self.busy -= 1
-        if kill:
+        try:
             ray.kill(worker, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone: nothing to free
+            pass
         alive = self.busy + len(self.idle) + len(self.starting)
         if alive == 0 or self._room():
             replacement = self._new()
