@@ -286,6 +286,17 @@ static int reserve_lens(Engine *e, Py_ssize_t n) {
     return 0;
 }
 
+/* one step of a word's BPE: the last token of word[:end] (state: the automaton's there) into last[] and lens[] */
+static inline int take_last(const Engine *e, int32_t *last, uint8_t *lens, Py_ssize_t end, int32_t state) {
+    int32_t u = last_token(e, last, 0, end, state, &lens[end]);
+    if (u < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
+        return -1;
+    }
+    last[end] = u;
+    return 0;
+}
+
 /* BPE of one pre-token, appended to out */
 static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0 || reserve_lens(e, n + 1) < 0) return -1;
@@ -298,12 +309,7 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         if (e->byte_token[w[i]] < 0) continue;
         state = ac_step(e, state, w[i]);
         end++;
-        int32_t u = last_token(e, last, 0, end, state, &lens[end]);
-        if (u < 0) {
-            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
-            return -1;
-        }
-        last[end] = u;
+        if (take_last(e, last, lens, end, state) < 0) return -1;
     }
     return emit_tokens(e, last, lens, end, out);
 }
@@ -328,12 +334,7 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
             state = ac_step(e, state, w[i]);
         }
         end++;
-        int32_t u = last_token(e, last, 0, end, state, &lens[end]);
-        if (u < 0) {
-            PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
-            return -1;
-        }
-        last[end] = u;
+        if (take_last(e, last, lens, end, state) < 0) return -1;
     }
     int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
     for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
@@ -447,12 +448,7 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
         for (Py_ssize_t j = 0; j < m; j++) {
             if (j + PREFETCH_AHEAD < m) __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
             Py_ssize_t end = a + j + 1;
-            int32_t u = last_token(e, last, 0, end, st[j], &lens[end]);
-            if (u < 0) {
-                PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
-                return -1;
-            }
-            last[end] = u;
+            if (take_last(e, last, lens, end, st[j]) < 0) return -1;
         }
         state = st[m - 1];
     }
