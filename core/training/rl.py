@@ -50,7 +50,7 @@ from paretolab.plugin_api.method import Method, Paper
 from paretolab.plugin_api.metrics import Metric
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugin_api.subject import Subject
-from paretolab.stats import mean_with_stderr
+from paretolab.stats import ARTIFACT, mean_with_stderr, per_example_json
 from paretolab.training import arithmetic
 from paretolab.training.hooks import TrainingHook, training_of
 from paretolab.training.replay import ReplayBuffer, ReplayHook
@@ -130,8 +130,9 @@ class GRPOHook(TrainingHook):
 
 
 @torch.no_grad()
-def evaluate_policy(subject: Subject, opts: RLOptions, rollouts: Rollouts) -> dict[str, float]:
-    """Greedy exact-answer accuracy on the held-out problems, and the policy's entropy along sampled completions of them."""
+def evaluate_policy(subject: Subject, opts: RLOptions, rollouts: Rollouts) -> tuple[dict[str, float], list[float]]:
+    """Greedy exact-answer accuracy on the held-out problems (and each problem's hit), and the policy's entropy along
+    sampled completions of them."""
     model = subject.model
     was_training = model.training
     model.eval()
@@ -150,7 +151,8 @@ def evaluate_policy(subject: Subject, opts: RLOptions, rollouts: Rollouts) -> di
         total += float(token_entropy(logits).sum())
         count += logits.shape[0]
     model.train(was_training)
-    return {"acc": stats["acc"], "stderr": stats.get("acc_stderr", 0.0), "n": float(len(hits)), "entropy": total / max(count, 1)}
+    summary = {"acc": stats["acc"], "stderr": stats.get("acc_stderr", 0.0), "n": float(len(hits)), "entropy": total / max(count, 1)}
+    return summary, hits
 
 
 def run_rl(subject: Subject, opts: RLOptions, ctx: TrialContext) -> dict[str, float]:
@@ -165,7 +167,7 @@ def run_rl(subject: Subject, opts: RLOptions, ctx: TrialContext) -> dict[str, fl
     buffer = ReplayBuffer(reuse=settings.reuse if settings else 1, capacity=settings.capacity if settings else opts.prompts,
                           seed=opts.seed)
     rollouts = Rollouts(subject, opts)
-    before = evaluate_policy(subject, opts, rollouts)
+    before, _ = evaluate_policy(subject, opts, rollouts)
     width = prompt_width(rollouts) + opts.max_new_tokens - 1  # targets: every prompt token but the first, every completion token
     pad_id = subject.tokenizer.pad_token_id if subject.tokenizer.pad_token_id is not None else 0
     reference = None
@@ -186,7 +188,9 @@ def run_rl(subject: Subject, opts: RLOptions, ctx: TrialContext) -> dict[str, fl
         train(subject, loop_opts, ctx, val_corpus=VAL_CORPUS)
     finally:
         record.hooks.remove(hook)
-    after = evaluate_policy(subject, opts, rollouts)
+    after, hits = evaluate_policy(subject, opts, rollouts)
+    # each held-out problem's hit, so a comparison of rl_acc counts the problems' noise, not only the seeds'
+    ctx.add_artifact(ARTIFACT, per_example_json("problem", {"rl_acc": hits}))
     metrics = {
         "rl_acc": after["acc"], "rl_acc_stderr": after["stderr"], "rl_acc_start": before["acc"], "rl_n": after["n"],
         "rl_entropy": after["entropy"], "rl_entropy_start": before["entropy"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from paretolab.generation import decode_batch
 from paretolab.plugins.replay import Replay
+from paretolab.stats import ARTIFACT, samples
 from paretolab.training import arithmetic
 from paretolab.training.flops import ATTENTION_FORMULAS
 from paretolab.training.rl import RL
@@ -101,6 +103,10 @@ def test_rl_stage_runs_a_few_steps_on_scratch_1m(tmp_path) -> None:
     assert all(math.isfinite(v) for v in metrics.values())
     assert subject.training is not None and not subject.training.hooks  # the stage's own hook is gone after it
     assert any(not torch.equal(a, b) for a, b in zip(before, subject.model.parameters(), strict=True))
+    # every held-out problem's hit is kept, so a verdict on rl_acc counts the problems' noise
+    per_problem = samples(json.loads((tmp_path / "trial" / ARTIFACT).read_text()), "rl_acc")
+    assert per_problem is not None and per_problem.n == 4 and per_problem.unit == "problem"
+    assert per_problem.value() == pytest.approx(metrics["rl_acc"])
 
 
 def test_replay_generates_fewer_rollouts_for_the_same_updates(tiny, tmp_path) -> None:
