@@ -417,8 +417,50 @@ static Py_ssize_t first_lacking(const Engine *e, const uint8_t *w, Py_ssize_t n)
     return i;
 }
 
+/* Periodic text (a run of one character, of one emoji, "=-=-"): once a long word's last[] has repeated with
+ * period P for RLEN_MAX positions in a row, the next position's last token equals the one P back whenever its
+ * automaton state does: last_token reads only the state and last[] at most RLEN_MAX places back, and those
+ * agree. So such positions are copied, not tested. P is looked for every PERIOD_EVERY positions while none
+ * holds: the smallest P <= PERIOD_MAX with which the last RLEN_MAX positions repeat (a text that is not
+ * periodic fails at once for nearly every P: about PERIOD_MAX comparisons per PERIOD_EVERY bytes). */
+#define RLEN_MAX 255 /* a candidate's right part is at most this long (lengths are checked to fit a byte at build) */
+#define PERIOD_MAX 256
+#define PERIOD_EVERY 1024
+
+static inline int repeats(const int32_t *last, Py_ssize_t end, Py_ssize_t p) {
+    Py_ssize_t i = end;
+    while (i > end - RLEN_MAX && last[i] == last[i - p]) i--;
+    return i == end - RLEN_MAX;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* the periods p whose last[end - p] equals last[end], found 8 at a time; each then checked in full, smallest first */
+__attribute__((target("avx2"))) static Py_ssize_t find_period_avx2(const int32_t *last, Py_ssize_t end) {
+    const __m256i x = _mm256_set1_epi32(last[end]);
+    for (Py_ssize_t k = 0; k < PERIOD_MAX; k += 8) { /* p = k + 1 .. k + 8: last[end - k - 8 .. end - k - 1], lane 7 is p = k + 1 */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(last + end - k - 8));
+        unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, x)));
+        while (hit) {
+            int lane = 31 - __builtin_clz(hit);
+            hit &= ~(1u << lane);
+            if (repeats(last, end, k + 8 - lane)) return k + 8 - lane;
+        }
+    }
+    return 0;
+}
+#endif
+
+static Py_ssize_t find_period(const int32_t *last, Py_ssize_t end) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx2) return find_period_avx2(last, end);
+#endif
+    for (Py_ssize_t p = 1; p <= PERIOD_MAX; p++)
+        if (repeats(last, end, p)) return p;
+    return 0;
+}
+
 static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
-    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, WALK_BLOCK) < 0 || reserve_lens(e, n + 1) < 0) return -1;
+    if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, WALK_BLOCK + PREFETCH_AHEAD) < 0 || reserve_lens(e, n + 1) < 0) return -1;
     Py_ssize_t lack = e->all_bytes ? n : first_lacking(e, w, n); /* most words lack none: walked in place */
     if (!e->all_bytes && lack < n) {
         if (e->kept_cap < n) {
@@ -441,14 +483,31 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
     int32_t *last = e->last.data;
     uint8_t *lens = e->lens;
     int32_t *st = e->walk.data, state = 0;
+    Py_ssize_t period = 0, agree = 0; /* agree: positions in a row whose last token is the one period back */
     last[0] = 0;
     for (Py_ssize_t a = 0; a < n; a += WALK_BLOCK) {
         Py_ssize_t m = n - a < WALK_BLOCK ? n - a : WALK_BLOCK;
         walk_states(e, w + a, m, st, state);
-        for (Py_ssize_t j = 0; j < m; j++) {
-            if (j + PREFETCH_AHEAD < m) __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
-            Py_ssize_t end = a + j + 1;
-            if (take_last(e, last, lens, end, st[j]) < 0) return -1;
+        memset(st + m, 0, PREFETCH_AHEAD * sizeof(int32_t)); /* the prefetches past the block read the root */
+        for (Py_ssize_t c = 0; c < m; c += PERIOD_EVERY) {
+            Py_ssize_t stop = m - c < PERIOD_EVERY ? m : c + PERIOD_EVERY;
+            if (agree < RLEN_MAX) {
+                for (Py_ssize_t j = c; j < stop; j++) {
+                    __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
+                    if (take_last(e, last, lens, a + j + 1, st[j]) < 0) return -1;
+                }
+                if (a + stop > PERIOD_MAX + RLEN_MAX) agree = (period = find_period(last, a + stop)) ? RLEN_MAX : 0;
+                continue;
+            }
+            for (Py_ssize_t j = c; j < stop; j++) { /* periodic so far */
+                Py_ssize_t end = a + j + 1;
+                if (agree >= RLEN_MAX && j >= period && st[j] == st[j - period]) {
+                    last[end] = last[end - period], lens[end] = lens[end - period];
+                    continue;
+                }
+                if (take_last(e, last, lens, end, st[j]) < 0) return -1;
+                agree = last[end] == last[end - period] ? agree + 1 : 0;
+            }
         }
         state = st[m - 1];
     }

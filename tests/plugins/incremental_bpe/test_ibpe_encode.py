@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,34 @@ def test_long_words_are_identical_wherever_the_segments_start(name: str, tok_c: 
         if name == "spaces then a letter":
             text = text[:-1] + "x"
         assert tok_c.encode(text) == hf_ids(text), (name, n)
+
+
+def _glitched(text: str, every: int, seed: int) -> str:
+    rng = random.Random(seed)
+    chars = list(text)
+    for at in range(every, len(chars), every):
+        chars[at + rng.randrange(-every // 4, every // 4)] = rng.choice("-=+~")
+    return "".join(chars)
+
+
+# From 1 kB on, a long word whose last tokens have repeated with some period for 255 positions copies them
+# instead of testing candidates (_fast.c, find_period). A word that changes its period, or breaks it for one
+# byte, must stop copying there and find the new period: every text here is one pre-token.
+PERIODIC = {
+    "punctuation changing its period": "-" * 5000 + "=-" * 3000 + "-=+" * 2000 + "=" * 3000 + "~-~-=" * 900 + "-" * 3000,
+    "letters changing their period": "ab" * 3000 + "information" * 500 + "a" * 3000 + "ManagementPlaneProtection" * 200,
+    "a run broken every 1000 bytes": _glitched("=" * 60_000, 1000, seed=1),
+    "a run broken every 300 bytes": _glitched("-" * 20_000, 300, seed=2),
+    "emoji": "😀" * 4000 + "🙂😀" * 2000,
+    # after "xy" the states repeat again at once, but the tokens P back are still the ones before the break
+    "a run of pairs broken once": "er" * 2000 + "xy" + "er" * 2000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PERIODIC))
+def test_periodic_long_words_are_identical(name: str, tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    text = PERIODIC[name]
+    assert tok_c.encode(text) == hf_ids(text)
 
 
 _ALPHABET = st.sampled_from(
