@@ -138,13 +138,18 @@ typedef struct {
 typedef struct {
     int32_t base, check; /* check: the parent's position; FREE for an unused slot */
     int32_t fail;
-    int32_t chain;       /* candidates (tokens that are suffixes of the state, longest first): cands[chain..] */
+    int32_t chain;       /* bits 0-22: where its candidates start (tokens that are suffixes of the state, longest
+                          * first: cands[chain..]); bit 23: its fail-resolved row is shallow; bits 24-31: that row's byte */
     uint32_t lo, span;   /* cands[chain] inline (usually the winner, read with the state itself) */
     int32_t node;
     uint8_t rlen, depth, n_chain, tlen; /* lengths <= 255 (checked at build); tlen: the inline candidate's token bytes */
 } State;
 
 #define FREE (-1)
+#define CHAIN_BITS 23
+#define CHAIN_MASK ((1 << CHAIN_BITS) - 1)
+#define VIA_ROW (1 << CHAIN_BITS) /* the state's own row (depth 1) or its fail's (a depth-1 fail) is in shallow */
+static inline int32_t chain_of(const State *st) { return st->chain & CHAIN_MASK; }
 
 
 #define CACHE_WORD 22 /* bytes of the longest word the cache keeps */
@@ -158,6 +163,7 @@ typedef struct {
     PyObject **ints;     /* by token id: the int object returned for it (shared_ints, not owned) */
     int32_t *node_len;   /* by node: bytes of its token */
     int32_t byte_token[256];
+    int32_t byte_node[256];   /* by byte: the node of its token (a one-byte word's state's own), -1: no token */
     int32_t n_slots, root_base;
     State *states;
     Cand *cands;
@@ -204,6 +210,8 @@ typedef struct CacheEntry {
     int32_t ids[CACHE_IDS];
 } __attribute__((aligned(64))) CacheEntry;
 
+/* one transition, a branch per case (root? depth 1? child?): the short words' step, where the misses of loading
+ * both the child and a shallow row cost more than the branches */
 static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
     for (;;) {
         if (s == 0) return e->shallow[b];
@@ -211,6 +219,24 @@ static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
         if (st->check == 0) return e->shallow[((size_t)(s - e->root_base + 1) << 8) | b];
         int32_t t = st->base + b;
         if (t >= 0 && t < e->n_slots && e->states[t].check == s) return t;
+        s = st->fail;
+    }
+}
+
+/* One transition. Every depth-1 and depth-2 state, and a deeper one whose fail is a depth-1 state, carries the
+ * byte of a resolved shallow row (its own, or its fail's): its next state is its child if the child exists, else
+ * that row's entry, chosen without a branch (both are loaded). Only a deeper state whose fail is deep too, and
+ * whose child is missing, follows its fail link: the one branch, rarely taken (random letters: depth-2 states
+ * are most steps, and their fails are all depth 1). */
+static inline int32_t ac_step_rows(const Engine *e, int32_t s, uint8_t b) {
+    for (;;) {
+        if (s == 0) return e->shallow[b];
+        const State *st = &e->states[s];
+        uint32_t t = (uint32_t)(st->base + b);
+        t &= -(uint32_t)(t < (uint32_t)e->n_slots); /* out of range: the root, nobody's child */
+        int32_t via = e->shallow[((size_t)((uint32_t)st->chain >> 24) + 1) << 8 | b];
+        int32_t child = -(int32_t)(e->states[t].check == s); /* all ones or zero: selects without a branch */
+        if (__builtin_expect((child | st->chain) & VIA_ROW, VIA_ROW)) return ((int32_t)t & child) | (via & ~child);
         s = st->fail;
     }
 }
@@ -243,19 +269,27 @@ __attribute__((target("avx2"))) static int32_t chain_avx2(const Engine *e, const
 #endif
 
 /* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
-static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state, uint8_t *tlen) {
+static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state, uint8_t byte, uint8_t *tlen) {
     const State *st = &e->states[state];
-    /* one branch, taken at the rate the inline candidate fails, not one per condition: a single byte
-     * (rlen 0, always passes) reads last[] one place back, which is written, and its value does not matter */
+    /* one branch, not one per condition, and rarely taken: a single byte (rlen 0, always passes) reads last[] one
+     * place back, which is written, and its value does not matter; a chain of two ends in the word's last byte
+     * (every chain does), so when the inline candidate fails the byte is the token, chosen without a branch
+     * (random letters: the inline candidate fails at 1 byte in 5, and 9 in 10 of those are this case) */
     int pass = (st->rlen == 0) | ((uint32_t)last[end - st->rlen - base - (st->rlen == 0)] - st->lo < st->span);
-    if (__builtin_expect(pass, 1)) return *tlen = st->tlen, st->node;
+    int ok = pass | (st->n_chain == 2);
+    __asm__("" : "+r"(ok)); /* one value, one branch: not the compiler's two */
+    if (__builtin_expect(ok, 1)) {
+        int32_t keep = -(int32_t)pass;
+        *tlen = (uint8_t)((st->tlen & keep) | (1 & ~keep));
+        return (st->node & keep) | (e->byte_node[byte] & ~keep);
+    }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (st->n_chain > CHAIN_SIMD && have_avx2 && e->cand_rlen) {
-        int32_t k = chain_avx2(e, last, end - base, st->chain + 1, st->chain + st->n_chain);
+        int32_t k = chain_avx2(e, last, end - base, chain_of(st) + 1, chain_of(st) + st->n_chain);
         return k < 0 ? -1 : (*tlen = e->cands[k].tlen, e->cands[k].node);
     }
 #endif
-    for (const Cand *c = e->cands + st->chain, *stop = c + st->n_chain; ++c < stop;)
+    for (const Cand *c = e->cands + chain_of(st), *stop = c + st->n_chain; ++c < stop;)
         if (c->rlen == 0 || (uint32_t)last[end - c->rlen - base] - c->lo < c->span) return *tlen = c->tlen, c->node;
     return -1; /* unreachable for a consistent vocabulary */
 }
@@ -287,8 +321,8 @@ static int reserve_lens(Engine *e, Py_ssize_t n) {
 }
 
 /* one step of a word's BPE: the last token of word[:end] (state: the automaton's there) into last[] and lens[] */
-static inline int take_last(const Engine *e, int32_t *last, uint8_t *lens, Py_ssize_t end, int32_t state) {
-    int32_t u = last_token(e, last, 0, end, state, &lens[end]);
+static inline int take_last(const Engine *e, int32_t *last, uint8_t *lens, Py_ssize_t end, int32_t state, uint8_t byte) {
+    int32_t u = last_token(e, last, 0, end, state, byte, &lens[end]);
     if (u < 0) {
         PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
         return -1;
@@ -309,7 +343,7 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         if (e->byte_token[w[i]] < 0) continue;
         state = ac_step(e, state, w[i]);
         end++;
-        if (take_last(e, last, lens, end, state) < 0) return -1;
+        if (take_last(e, last, lens, end, state, w[i]) < 0) return -1;
     }
     return emit_tokens(e, last, lens, end, out);
 }
@@ -334,7 +368,7 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
             state = ac_step(e, state, w[i]);
         }
         end++;
-        if (take_last(e, last, lens, end, state) < 0) return -1;
+        if (take_last(e, last, lens, end, state, w[i]) < 0) return -1;
     }
     int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
     for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
@@ -364,24 +398,24 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
 static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st, int32_t start) {
     Py_ssize_t seg = n / WALKS;
     if (seg < 16) { /* a short last block: one walk */
-        for (Py_ssize_t p = 0; p < n; p++) st[p] = start = ac_step(e, start, w[p]);
+        for (Py_ssize_t p = 0; p < n; p++) st[p] = start = ac_step_rows(e, start, w[p]);
         return;
     }
     int32_t s0 = start, s1 = 0, s2 = 0, s3 = 0; /* the first segment goes on from the state before it */
     const uint8_t *w0 = w, *w1 = w + seg, *w2 = w + 2 * seg, *w3 = w + 3 * seg;
     int32_t *t0 = st, *t1 = st + seg, *t2 = st + 2 * seg, *t3 = st + 3 * seg;
     for (Py_ssize_t j = 0; j < seg; j++) {
-        s0 = ac_step(e, s0, w0[j]);
-        s1 = ac_step(e, s1, w1[j]);
-        s2 = ac_step(e, s2, w2[j]);
-        s3 = ac_step(e, s3, w3[j]);
+        s0 = ac_step_rows(e, s0, w0[j]);
+        s1 = ac_step_rows(e, s1, w1[j]);
+        s2 = ac_step_rows(e, s2, w2[j]);
+        s3 = ac_step_rows(e, s3, w3[j]);
         t0[j] = s0, t1[j] = s1, t2[j] = s2, t3[j] = s3;
     }
-    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = ac_step(e, s3, w[p]);
+    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = ac_step_rows(e, s3, w[p]);
     for (int k = 1; k < WALKS; k++) {
         int32_t t = st[k * seg - 1];
         for (Py_ssize_t p = k * seg; p < n; p++) {
-            t = ac_step(e, t, w[p]);
+            t = ac_step_rows(e, t, w[p]);
             if (t == st[p]) break;
             st[p] = t;
         }
@@ -494,7 +528,7 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
             if (agree < RLEN_MAX) {
                 for (Py_ssize_t j = c; j < stop; j++) {
                     __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
-                    if (take_last(e, last, lens, a + j + 1, st[j]) < 0) return -1;
+                    if (take_last(e, last, lens, a + j + 1, st[j], w[a + j]) < 0) return -1;
                 }
                 if (a + stop > PERIOD_MAX + RLEN_MAX) agree = (period = find_period(last, a + stop)) ? RLEN_MAX : 0;
                 continue;
@@ -505,7 +539,7 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
                     last[end] = last[end - period], lens[end] = lens[end - period];
                     continue;
                 }
-                if (take_last(e, last, lens, end, st[j]) < 0) return -1;
+                if (take_last(e, last, lens, end, st[j], w[a + j]) < 0) return -1;
                 agree = last[end] == last[end - period] ? agree + 1 : 0;
             }
         }
@@ -980,7 +1014,8 @@ static int layout(Engine *e, TrieNode *tn, const int32_t *order, int32_t n, int3
     for (int32_t v = 0; v < n; v++) {
         State *sv = &da[pos[v]];
         sv->fail = pos[tn[v].fail];
-        sv->chain = tn[v].chain;
+        int32_t row = tn[v].depth == 1 ? v : tn[tn[v].fail].depth == 1 ? tn[v].fail : -1; /* the shallow row it steps by */
+        sv->chain = tn[v].chain | (row > 0 ? VIA_ROW | (int32_t)((uint32_t)tn[row].edge << 24) : 0);
         sv->n_chain = (uint8_t)tn[v].n_chain;
         sv->depth = (uint8_t)tn[v].depth;
         Cand first = tn[v].n_chain ? e->cands[tn[v].chain] : (Cand){0, 0, 0, 0, 0, -1};
@@ -1060,6 +1095,10 @@ static int build_automaton(Engine *e, const uint8_t *bytes, const int32_t *offse
     for (int32_t v = 1; v < n; v++)
         if (tn[v].node >= 0)
             for (int32_t t = v; t > 0; t = tn[t].link) n_cands++;
+    if (n_cands > CHAIN_MASK) {
+        PyErr_Format(PyExc_ValueError, "incremental BPE: %zd candidates, more than the %d a state's chain field holds", n_cands, CHAIN_MASK);
+        goto done;
+    }
     e->cands = PyMem_Malloc((n_cands ? n_cands : 1) * sizeof(Cand));
     if (!e->cands) {
         PyErr_NoMemory();
@@ -1137,6 +1176,7 @@ static PyObject **ints_upto(Py_ssize_t n) {
 
 static int engine_runtime(Engine *e) {
     if (!(e->ints = ints_upto(e->n_tokens))) return -1;
+    for (int b = 0; b < 256; b++) e->byte_node[b] = e->byte_token[b] < 0 ? -1 : e->states[e->shallow[b]].node;
     size_t n = (size_t)e->n_cands + 8; /* padded: a vector load past the last chain stays inside */
     e->cand_rlen = PyMem_Calloc(n, sizeof(int32_t)), e->cand_lo = PyMem_Calloc(n, sizeof(int32_t)), e->cand_span = PyMem_Calloc(n, sizeof(int32_t));
     if (!e->cand_rlen || !e->cand_lo || !e->cand_span) {
@@ -1316,7 +1356,7 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
         w->state = ac_step(e, w->state, s[i]);
         w->end++;
         uint8_t tlen;
-        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state, &tlen);
+        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state, s[i], &tlen);
         if (u < 0) {
             PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             goto fail;
@@ -1423,7 +1463,7 @@ static PyTypeObject EngineType = {
  * dump (a memory-mapped file keeps them aligned). load() checks every count against the buffer's
  * size and every index the encoder follows against its table, so a damaged dump is refused with
  * ValueError, never read out of bounds; the caller (_cache.py) also checks a CRC and its key. */
-#define LAYOUT_VERSION 2
+#define LAYOUT_VERSION 3
 #define N_SECTIONS 7
 typedef struct {
     char magic[8];        /* "IBPEFAST" */
@@ -1486,6 +1526,11 @@ static int validate(const Engine *e) {
         const State *st = &e->states[s];
         if (st->check == FREE) continue;
         if (s > 0 && !is_state(e, st->check)) BAD("state %d has parent %d", s, st->check);
+        if (s > 0) { /* the shallow row it steps by: its own (depth 1), its fail's (a depth-1 fail), or none */
+            int32_t row = st->check == 0 ? s : is_state(e, st->fail) && e->states[st->fail].check == 0 ? st->fail : -1;
+            int32_t want = row > 0 ? VIA_ROW | (int32_t)((uint32_t)(row - e->root_base) << 24) : 0;
+            if ((st->chain & ~CHAIN_MASK) != want) BAD("state %d steps by the wrong shallow row", s);
+        }
         if (s > 0 && st->check == 0 && (s < e->root_base || s - e->root_base > 255)) BAD("depth-1 state %d outside the resolved rows", s);
         if (st->base < -255 || st->base > e->n_slots) BAD("state %d has base %d", s, st->base);
         if (s > 0 && st->check == 0 && st->depth != 1) BAD("depth-1 state %d says depth %d", s, st->depth);
@@ -1495,12 +1540,12 @@ static int validate(const Engine *e) {
             if (st->node != -1 || st->rlen != 0) BAD("state %d: no candidates, yet an inline one", s);
             continue; /* the encoder reports "no candidate passes" */
         }
-        if (st->chain < 0 || (int64_t)st->chain + st->n_chain > e->n_cands) BAD("state %d: candidates %d+%d", s, st->chain, st->n_chain);
-        const Cand *first = &e->cands[st->chain];
+        if ((int64_t)chain_of(st) + st->n_chain > e->n_cands) BAD("state %d: candidates %d+%d", s, chain_of(st), st->n_chain);
+        const Cand *first = &e->cands[chain_of(st)];
         if (first->lo != st->lo || first->span != st->span || first->node != st->node || first->rlen != st->rlen || first->tlen != st->tlen)
             BAD("state %d: inline candidate differs from its run", s);
         for (int k = 0; k < st->n_chain; k++) {
-            const Cand *c = &e->cands[st->chain + k];
+            const Cand *c = &e->cands[chain_of(st) + k];
             if (c->node <= 0 || c->node >= e->n_nodes) BAD("state %d: candidate node %d", s, c->node);
             int32_t len = e->node_len[c->node];
             if (len > st->depth || c->rlen < 0 || c->rlen >= len || (c->rlen == 0) != (len == 1) || c->tlen != len)

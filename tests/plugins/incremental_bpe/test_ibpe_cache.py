@@ -101,6 +101,22 @@ def test_a_bad_index_behind_a_good_checksum_is_refused_by_the_c_checks(cache: Pa
     assert IncrementalBPE.from_hf(hf).encode(SAMPLE) == hf_ids(SAMPLE)
 
 
+def test_a_wrong_shallow_row_behind_a_good_checksum_is_refused(cache: Path, hf: Any, hf_ids: Any) -> None:
+    IncrementalBPE.from_hf(hf)
+    path = _the_file(cache)
+    data = bytearray(path.read_bytes())
+    states = _payload_section(data, 3)
+    state_size = 32
+    for s in range(1, 200):  # the first used state: the byte of the shallow row it steps by (chain's top byte) moved on
+        if struct.unpack_from("<i", data, states + s * state_size + 4)[0] != -1:
+            data[states + s * state_size + 15] ^= 1
+            break
+    _rewrite(path, data, fix_crc=True)
+    assert _cache.load(path.stem) is None
+    assert "wrong shallow row" in str(_cache.last_refusal)
+    assert IncrementalBPE.from_hf(hf).encode(SAMPLE) == hf_ids(SAMPLE)
+
+
 def test_a_stale_file_under_this_vocabularys_name_is_rebuilt(cache: Path, hf: Any) -> None:
     b2u = bytes_to_unicode()
     vocab = {b2u[b]: b for b in range(256)}
