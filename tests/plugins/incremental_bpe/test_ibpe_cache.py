@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,35 +86,30 @@ def test_a_damaged_file_is_refused_and_rebuilt(damage: str, cache: Path, hf: Any
     assert _cache.load(path.stem) is not None  # rewritten sound
 
 
-def test_a_bad_index_behind_a_good_checksum_is_refused_by_the_c_checks(cache: Path, hf: Any, hf_ids: Any) -> None:
+def _fail_past_the_table(data: bytearray, at: int) -> None:
+    struct.pack_into("<i", data, at + 8, 1 << 30)
+
+
+def _another_shallow_row(data: bytearray, at: int) -> None:
+    data[at + 15] ^= 1  # the chain field's top byte: the shallow row the state steps by
+
+
+@pytest.mark.parametrize(("damage", "refusal"), [(_fail_past_the_table, "fails to"), (_another_shallow_row, "wrong shallow row")])
+def test_a_bad_state_behind_a_good_checksum_is_refused_by_the_c_checks(
+    damage: Callable[[bytearray, int], None], refusal: str, cache: Path, hf: Any, hf_ids: Any
+) -> None:
     IncrementalBPE.from_hf(hf)
     path = _the_file(cache)
     data = bytearray(path.read_bytes())
     states = _payload_section(data, 3)
     state_size = 32
-    for s in range(1, 200):  # the first used state after the root: its fail link now points past the table
+    for s in range(1, 200):  # the first used state after the root
         if struct.unpack_from("<i", data, states + s * state_size + 4)[0] != -1:
-            struct.pack_into("<i", data, states + s * state_size + 8, 1 << 30)
+            damage(data, states + s * state_size)
             break
     _rewrite(path, data, fix_crc=True)
     assert _cache.load(path.stem) is None
-    assert "fails to" in str(_cache.last_refusal)
-    assert IncrementalBPE.from_hf(hf).encode(SAMPLE) == hf_ids(SAMPLE)
-
-
-def test_a_wrong_shallow_row_behind_a_good_checksum_is_refused(cache: Path, hf: Any, hf_ids: Any) -> None:
-    IncrementalBPE.from_hf(hf)
-    path = _the_file(cache)
-    data = bytearray(path.read_bytes())
-    states = _payload_section(data, 3)
-    state_size = 32
-    for s in range(1, 200):  # the first used state: the byte of the shallow row it steps by (chain's top byte) moved on
-        if struct.unpack_from("<i", data, states + s * state_size + 4)[0] != -1:
-            data[states + s * state_size + 15] ^= 1
-            break
-    _rewrite(path, data, fix_crc=True)
-    assert _cache.load(path.stem) is None
-    assert "wrong shallow row" in str(_cache.last_refusal)
+    assert refusal in str(_cache.last_refusal)
     assert IncrementalBPE.from_hf(hf).encode(SAMPLE) == hf_ids(SAMPLE)
 
 
