@@ -163,6 +163,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     search = _parse_search(raw.get("search") or {}, stages, regs)
     resources = _parse_resources(raw.get("resources") or {})
     _check_objectives_produced(objectives, task, measures, stages, resources, regs)
+    _check_one_owner_per_metric(measures, stages, regs)
     constraints = parse_constraints(raw.get("constraints"), stages, regs)
     _check_objectives_produced(constraints, task, measures, stages, resources, regs, where="constraints")
     claims = parse_claims(raw, stages, regs)
@@ -304,6 +305,21 @@ def _parse_resources(raw: Any) -> Resources:
             raise ConfigError(f"resources.workers: expected a positive integer, got {w!r}")
         values["workers"] = w
     return Resources(**values)
+
+
+def _check_one_owner_per_metric(measures: dict[str, Any] | None, stages: tuple[Stage, ...], regs: Any) -> None:
+    """Refuse a method that declares a metric one of the pipeline's measures reports: every trial of it would fail
+    (a method may not replace a measure's number, paretolab.study.metric_owners), so say so before any runs."""
+    names = list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
+    by_measure = {metric: name for name in names for metric in regs.measures.get(name).metrics}
+    for i, stage in enumerate(stages):
+        for option in stage.options:
+            for metric in regs.methods.get(option.method).metrics:
+                if metric in by_measure:
+                    raise ConfigError(
+                        f"stages[{i}]: method {option.method!r} reports {metric!r}, which measures.{by_measure[metric]} reports "
+                        f"too, and a method may not replace a measure's number: drop the measure or the method's metric"
+                    )
 
 
 def _check_objectives_produced(objectives: tuple[Any, ...], task: Any, measures: dict[str, Any] | None, stages: tuple[Stage, ...], resources: Resources, regs: Any,

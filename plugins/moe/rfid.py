@@ -140,7 +140,7 @@ class RfidMoe(Method):
     paper = Paper("Effective MoE-based LLM Compression by Exploiting Heterogeneous Inter-Group Experts Routing Frequency and Information Density (RFID-MoE)",
                   "arXiv 2026", "https://arxiv.org/abs/2602.09316")
     cost_is = "real"
-    metrics = ("expert_bytes", "expert_mem_frac")
+    # expert_bytes and expert_mem_frac come from the expert_memory measure, for every trial (the baseline's too)
     fixed: dict[str, Any] = {}
 
     def defaults(self) -> dict[str, Any]:
@@ -163,11 +163,6 @@ class RfidMoe(Method):
         stats = routing_stats(model, calibration_ids(subject, ctx, p, method=self.name), keep_inputs=False)
         compress(blocks, stats, memory=memory, alloc=alloc, alpha=alpha, residual=residual)
         return subject
-
-    def measure(self, subject: Subject, ctx: TrialContext) -> dict[str, float]:
-        from paretolab.plugins.moe.metrics import expert_memory
-
-        return expert_memory(subject.model)
 
 
 class SvdMoe(RfidMoe):

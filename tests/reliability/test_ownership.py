@@ -81,3 +81,16 @@ def test_a_built_in_method_reports_only_what_it_declares(tiny):
     result = run_trial(tiny, [StagePlan("stage0", "absmean_ternary", {"group_size": 64})], SETTINGS, number=0)
     assert not result.failed, result.error
     assert result.metrics["bits_per_weight"] > 1.5
+
+
+def test_a_pipeline_pairing_a_method_with_a_measure_of_the_same_metric_is_refused_before_it_runs(register):
+    """Every trial of it would fail on the second report (the MoE studies did, 36 of 37 trials): say so at load time."""
+    from paretolab.errors import ConfigError
+    from paretolab.study.spec import parse_spec
+
+    register(make(name="reports_expert_bytes", metrics=("expert_bytes",), measured={"expert_bytes": 1.0}))
+    raw = {"name": "dup", "model": "tiny-moe", "task": {"name": "perplexity"}, "stages": [{"method": "reports_expert_bytes"}],
+           "objectives": [{"metric": "ppl", "direction": "minimize"}], "measures": {"expert_memory": {}}}
+    with pytest.raises(ConfigError, match=r"stages\[0\]: method 'reports_expert_bytes' reports 'expert_bytes', which measures.expert_memory"):
+        parse_spec(raw, source="dup.yaml")
+    parse_spec({**raw, "measures": {"size": {}}}, source="ok.yaml")  # without the measure it is the method's own number
