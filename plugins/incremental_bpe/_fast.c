@@ -210,8 +210,9 @@ typedef struct CacheEntry {
     int32_t ids[CACHE_IDS];
 } __attribute__((aligned(64))) CacheEntry;
 
-/* one transition, a branch per case (root? depth 1? child?): the short words' step, where the misses of loading
- * both the child and a shallow row cost more than the branches */
+/* one transition, a branch per case (root? depth 1? child?): the step of short words, where loading both the child
+ * and a shallow row costs more misses than the branches cost, and of long words whose branches their structure
+ * predicts (digits, CJK: see bpe_long_word) */
 static inline int32_t ac_step(const Engine *e, int32_t s, uint8_t b) {
     for (;;) {
         if (s == 0) return e->shallow[b];
@@ -269,13 +270,18 @@ __attribute__((target("avx2"))) static int32_t chain_avx2(const Engine *e, const
 #endif
 
 /* node of the last token of BPE(word[:end]); last[] holds nodes, indexed by position minus base */
-static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end, int32_t state, uint8_t byte, uint8_t *tlen) {
+static inline __attribute__((always_inline)) int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_t base, Py_ssize_t end,
+                                                                 int32_t state, uint8_t byte, uint8_t *tlen, int pick_byte) {
     const State *st = &e->states[state];
     /* one branch, not one per condition, and rarely taken: a single byte (rlen 0, always passes) reads last[] one
      * place back, which is written, and its value does not matter; a chain of two ends in the word's last byte
      * (every chain does), so when the inline candidate fails the byte is the token, chosen without a branch
      * (random letters: the inline candidate fails at 1 byte in 5, and 9 in 10 of those are this case) */
     int pass = (st->rlen == 0) | ((uint32_t)last[end - st->rlen - base - (st->rlen == 0)] - st->lo < st->span);
+    if (!pick_byte) { /* where the inline candidate fails at random, the byte below saves a branch; elsewhere it costs instructions */
+        if (__builtin_expect(pass, 1)) return *tlen = st->tlen, st->node;
+        goto chain;
+    }
     int ok = pass | (st->n_chain == 2);
     __asm__("" : "+r"(ok)); /* one value, one branch: not the compiler's two */
     if (__builtin_expect(ok, 1)) {
@@ -283,6 +289,7 @@ static inline int32_t last_token(const Engine *e, const int32_t *last, Py_ssize_
         *tlen = (uint8_t)((st->tlen & keep) | (1 & ~keep));
         return (st->node & keep) | (e->byte_node[byte] & ~keep);
     }
+chain:
 #if defined(__x86_64__) && defined(__GNUC__)
     if (st->n_chain > CHAIN_SIMD && have_avx2 && e->cand_rlen) {
         int32_t k = chain_avx2(e, last, end - base, chain_of(st) + 1, chain_of(st) + st->n_chain);
@@ -321,8 +328,9 @@ static int reserve_lens(Engine *e, Py_ssize_t n) {
 }
 
 /* one step of a word's BPE: the last token of word[:end] (state: the automaton's there) into last[] and lens[] */
-static inline int take_last(const Engine *e, int32_t *last, uint8_t *lens, Py_ssize_t end, int32_t state, uint8_t byte) {
-    int32_t u = last_token(e, last, 0, end, state, byte, &lens[end]);
+static inline __attribute__((always_inline)) int take_last(const Engine *e, int32_t *last, uint8_t *lens, Py_ssize_t end, int32_t state,
+                                                           uint8_t byte, int pick_byte) {
+    int32_t u = last_token(e, last, 0, end, state, byte, &lens[end], pick_byte);
     if (u < 0) {
         PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
         return -1;
@@ -343,7 +351,7 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
         if (e->byte_token[w[i]] < 0) continue;
         state = ac_step(e, state, w[i]);
         end++;
-        if (take_last(e, last, lens, end, state, w[i]) < 0) return -1;
+        if (take_last(e, last, lens, end, state, w[i], 0) < 0) return -1;
     }
     return emit_tokens(e, last, lens, end, out);
 }
@@ -368,7 +376,7 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
             state = ac_step(e, state, w[i]);
         }
         end++;
-        if (take_last(e, last, lens, end, state, w[i]) < 0) return -1;
+        if (take_last(e, last, lens, end, state, w[i], 0) < 0) return -1;
     }
     int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
     for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
@@ -395,27 +403,31 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
 #define PREFETCH_AHEAD 12
 #define WALK_BLOCK 16384 /* bytes walked at once: their states stay in cache, not an array as long as the word */
 
-static void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st, int32_t start) {
+static inline __attribute__((always_inline)) int32_t walk_step(const Engine *e, int32_t s, uint8_t b, int rows) {
+    return rows ? ac_step_rows(e, s, b) : ac_step(e, s, b);
+}
+
+static inline __attribute__((always_inline)) void walk_states(const Engine *e, const uint8_t *w, Py_ssize_t n, int32_t *st, int32_t start, int rows) {
     Py_ssize_t seg = n / WALKS;
     if (seg < 16) { /* a short last block: one walk */
-        for (Py_ssize_t p = 0; p < n; p++) st[p] = start = ac_step_rows(e, start, w[p]);
+        for (Py_ssize_t p = 0; p < n; p++) st[p] = start = walk_step(e, start, w[p], rows);
         return;
     }
     int32_t s0 = start, s1 = 0, s2 = 0, s3 = 0; /* the first segment goes on from the state before it */
     const uint8_t *w0 = w, *w1 = w + seg, *w2 = w + 2 * seg, *w3 = w + 3 * seg;
     int32_t *t0 = st, *t1 = st + seg, *t2 = st + 2 * seg, *t3 = st + 3 * seg;
     for (Py_ssize_t j = 0; j < seg; j++) {
-        s0 = ac_step_rows(e, s0, w0[j]);
-        s1 = ac_step_rows(e, s1, w1[j]);
-        s2 = ac_step_rows(e, s2, w2[j]);
-        s3 = ac_step_rows(e, s3, w3[j]);
+        s0 = walk_step(e, s0, w0[j], rows);
+        s1 = walk_step(e, s1, w1[j], rows);
+        s2 = walk_step(e, s2, w2[j], rows);
+        s3 = walk_step(e, s3, w3[j], rows);
         t0[j] = s0, t1[j] = s1, t2[j] = s2, t3[j] = s3;
     }
-    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = ac_step_rows(e, s3, w[p]);
+    for (Py_ssize_t p = WALKS * seg; p < n; p++) st[p] = s3 = walk_step(e, s3, w[p], rows);
     for (int k = 1; k < WALKS; k++) {
         int32_t t = st[k * seg - 1];
         for (Py_ssize_t p = k * seg; p < n; p++) {
-            t = ac_step_rows(e, t, w[p]);
+            t = walk_step(e, t, w[p], rows);
             if (t == st[p]) break;
             st[p] = t;
         }
@@ -493,6 +505,46 @@ static Py_ssize_t find_period(const int32_t *last, Py_ssize_t end) {
     return 0;
 }
 
+/* a long word's walk and tests, block by block; rows: the branch-free step and the byte pick (see bpe_long_word) */
+static inline __attribute__((always_inline)) int walk_and_take(Engine *e, const uint8_t *w, Py_ssize_t n, int rows) {
+    int32_t *last = e->last.data;
+    uint8_t *lens = e->lens;
+    int32_t *st = e->walk.data, state = 0;
+    Py_ssize_t period = 0, agree = 0; /* agree: positions in a row whose last token is the one period back */
+    last[0] = 0;
+    for (Py_ssize_t a = 0; a < n; a += WALK_BLOCK) {
+        Py_ssize_t m = n - a < WALK_BLOCK ? n - a : WALK_BLOCK;
+        walk_states(e, w + a, m, st, state, rows);
+        memset(st + m, 0, PREFETCH_AHEAD * sizeof(int32_t)); /* the prefetches past the block read the root */
+        for (Py_ssize_t c = 0; c < m; c += PERIOD_EVERY) {
+            Py_ssize_t stop = m - c < PERIOD_EVERY ? m : c + PERIOD_EVERY;
+            if (agree < RLEN_MAX) {
+                for (Py_ssize_t j = c; j < stop; j++) {
+                    __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
+                    if (take_last(e, last, lens, a + j + 1, st[j], w[a + j], rows) < 0) return -1;
+                }
+                if (a + stop > PERIOD_MAX + RLEN_MAX) agree = (period = find_period(last, a + stop)) ? RLEN_MAX : 0;
+                continue;
+            }
+            for (Py_ssize_t j = c; j < stop; j++) { /* periodic so far */
+                Py_ssize_t end = a + j + 1;
+                if (agree >= RLEN_MAX && j >= period && st[j] == st[j - period]) {
+                    last[end] = last[end - period], lens[end] = lens[end - period];
+                    continue;
+                }
+                if (take_last(e, last, lens, end, st[j], w[a + j], rows) < 0) return -1;
+                agree = last[end] == last[end - period] ? agree + 1 : 0;
+            }
+        }
+        state = st[m - 1];
+    }
+    return 0;
+}
+
+/* each compiled on its own: both inlined into bpe_long_word cost random letters ~5 % */
+static __attribute__((noinline)) int walk_and_take_rows(Engine *e, const uint8_t *w, Py_ssize_t n) { return walk_and_take(e, w, n, 1); }
+static __attribute__((noinline)) int walk_and_take_branchy(Engine *e, const uint8_t *w, Py_ssize_t n) { return walk_and_take(e, w, n, 0); }
+
 static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if (buf_reserve(&e->last, n + 1) < 0 || buf_reserve(&e->walk, WALK_BLOCK + PREFETCH_AHEAD) < 0 || reserve_lens(e, n + 1) < 0) return -1;
     Py_ssize_t lack = e->all_bytes ? n : first_lacking(e, w, n); /* most words lack none: walked in place */
@@ -514,38 +566,12 @@ static int bpe_long_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out)
         w = e->kept, n = m;
         if (n == 0) return 0;
     }
-    int32_t *last = e->last.data;
-    uint8_t *lens = e->lens;
-    int32_t *st = e->walk.data, state = 0;
-    Py_ssize_t period = 0, agree = 0; /* agree: positions in a row whose last token is the one period back */
-    last[0] = 0;
-    for (Py_ssize_t a = 0; a < n; a += WALK_BLOCK) {
-        Py_ssize_t m = n - a < WALK_BLOCK ? n - a : WALK_BLOCK;
-        walk_states(e, w + a, m, st, state);
-        memset(st + m, 0, PREFETCH_AHEAD * sizeof(int32_t)); /* the prefetches past the block read the root */
-        for (Py_ssize_t c = 0; c < m; c += PERIOD_EVERY) {
-            Py_ssize_t stop = m - c < PERIOD_EVERY ? m : c + PERIOD_EVERY;
-            if (agree < RLEN_MAX) {
-                for (Py_ssize_t j = c; j < stop; j++) {
-                    __builtin_prefetch(&e->states[st[j + PREFETCH_AHEAD]]);
-                    if (take_last(e, last, lens, a + j + 1, st[j], w[a + j]) < 0) return -1;
-                }
-                if (a + stop > PERIOD_MAX + RLEN_MAX) agree = (period = find_period(last, a + stop)) ? RLEN_MAX : 0;
-                continue;
-            }
-            for (Py_ssize_t j = c; j < stop; j++) { /* periodic so far */
-                Py_ssize_t end = a + j + 1;
-                if (agree >= RLEN_MAX && j >= period && st[j] == st[j - period]) {
-                    last[end] = last[end - period], lens[end] = lens[end - period];
-                    continue;
-                }
-                if (take_last(e, last, lens, end, st[j], w[a + j]) < 0) return -1;
-                agree = last[end] == last[end - period] ? agree + 1 : 0;
-            }
-        }
-        state = st[m - 1];
-    }
-    return emit_tokens(e, last, lens, n, out);
+    /* Unspaced ASCII letters step and pick their tokens without branches: which way a random letter's step
+     * and test go is random. Digits, CJK and the rest take the branches, which their regular structure
+     * predicts (a run of digits never leaves depth 1): there the branch-free step only adds instructions. */
+    int rows = w[0] < 0x80 && e->classes[w[0]] == LETTER;
+    if ((rows ? walk_and_take_rows(e, w, n) : walk_and_take_branchy(e, w, n)) < 0) return -1;
+    return emit_tokens(e, e->last.data, e->lens, n, out);
 }
 
 #define WORD_AHEAD 3
@@ -1356,7 +1382,7 @@ static PyObject *EagerWord_push(EagerWord *w, PyObject *arg) {
         w->state = ac_step(e, w->state, s[i]);
         w->end++;
         uint8_t tlen;
-        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state, s[i], &tlen);
+        int32_t u = last_token(e, w->last.data, w->base, w->end, w->state, s[i], &tlen, 0);
         if (u < 0) {
             PyErr_SetString(PyExc_RuntimeError, "incremental BPE: no candidate passes (inconsistent vocabulary)");
             goto fail;
