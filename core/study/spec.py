@@ -307,10 +307,15 @@ def _parse_resources(raw: Any) -> Resources:
     return Resources(**values)
 
 
+def _measure_names(measures: dict[str, Any] | None, regs: Any) -> list[str]:
+    """The measures a trial of this pipeline runs: those listed, or the default ones when it lists none."""
+    return list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
+
+
 def _check_one_owner_per_metric(measures: dict[str, Any] | None, stages: tuple[Stage, ...], regs: Any) -> None:
     """Refuse a method that declares a metric one of the pipeline's measures reports: every trial of it would fail
     (a method may not replace a measure's number, paretolab.study.metric_owners), so say so before any runs."""
-    names = list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
+    names = _measure_names(measures, regs)
     by_measure = {metric: name for name in names for metric in regs.measures.get(name).metrics}
     for i, stage in enumerate(stages):
         for option in stage.options:
@@ -326,7 +331,7 @@ def _check_objectives_produced(objectives: tuple[Any, ...], task: Any, measures:
                                where: str = "objectives") -> None:
     """Refuse an objective (or a constrained metric) that no trial of this pipeline would report (each trial would fail on it)."""
     produced = set(task.metrics) | set(TRIAL_METRICS) | ({"peak_gpu_mb"} if resources.gpus > 0 else set())
-    names = list(measures) if measures is not None else [m.name for m in regs.measures if getattr(m, "default", False)]
+    names = _measure_names(measures, regs)
     for name in names:
         produced |= set(regs.measures.get(name).metrics)
     partial: dict[str, str] = {}
