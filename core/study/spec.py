@@ -100,9 +100,18 @@ class StudySpec:
         return sorted({o.method for s in self.stages for o in s.options})
 
 
+def with_subject(raw: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline with its trials' subject filled in: without `model`, the `models` small role's, else the first role's."""
+    models = raw.get("models")
+    if "model" in raw or not isinstance(models, dict) or not models:
+        return raw
+    entry = models.get("small", next(iter(models.values())))
+    return {**raw, "model": entry.get("name") if isinstance(entry, dict) else entry}
+
+
 def pipeline_hash(raw: dict[str, Any]) -> str:
     """The hash of a pipeline as read (``StudySpec.pipeline_hash``); the results targets compare it without validating."""
-    data = json.loads(json.dumps(raw, sort_keys=True, default=str))
+    data = json.loads(json.dumps(with_subject(raw), sort_keys=True, default=str))
     for key in HASH_IGNORES_TOP:
         data.pop(key, None)
     search = data.get("search")
@@ -133,8 +142,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     if not isinstance(raw.get("description", ""), str):
         raise ConfigError(f"description: expected text, got {type(raw['description']).__name__}; write it as one string")
     models, prices = parse_models(raw.get("models"))
-    if "model" not in raw and models:  # the subject of the trials: the small role's model, else the first role's
-        raw = {**raw, "model": models.get("small", next(iter(models.values())))}
+    raw = with_subject(raw)
     model = require(raw, "model", str, "")
     check_model_name(model)
     task_raw = raw.get("task")

@@ -183,3 +183,13 @@ def test_a_busy_bundles_finished_run_is_removed_to_be_timed_again_and_an_unfinis
     names = {s.study_name for s in optuna.get_all_study_summaries(stores.optuna_url)}
     assert names == {"half"}, names
     assert "done: its bundle was timed on a busy machine; the results store's run is finished, so it is timed again afresh" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pipeline", sorted((ROOT / "pipelines").glob("*.yaml")), ids=lambda p: p.stem)
+def test_status_hashes_a_pipeline_as_the_study_it_starts_does(pipeline):
+    """`results status` reads the YAML without validating; its hash must be the one a study started from it stores
+    (a `models:` pipeline gets its subject filled in by both), or a fresh bundle reads "stale"."""
+    from paretolab.data.yaml_read import read_yaml
+    from paretolab.study.spec import load_spec, pipeline_hash
+
+    assert pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline))) == load_spec(pipeline).pipeline_hash()
