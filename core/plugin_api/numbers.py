@@ -108,6 +108,13 @@ def params_text(params: Mapping[str, Any], *, sep: str = " ") -> str:
     return sep.join(f"{k}={param_value(v)}" for k, v in params.items())
 
 
+def plural(noun: str) -> str:
+    """A unit's plural for "over 1000 queries": ``query`` -> ``queries``, ``batch`` -> ``batches``, ``window`` -> ``windows``."""
+    if noun.endswith("y") and len(noun) > 1 and noun[-2] not in "aeiou":
+        return noun[:-1] + "ies"
+    return noun + "es" if noun.endswith(("s", "x", "z", "ch", "sh")) else noun + "s"
+
+
 def interval_text(value: Any, low: Any, high: Any, unit: str = "", *, signed: bool = False) -> str:
     """``23.4 [22.1, 24.9]``: a value and its 95 % interval, all by :func:`number`."""
     return f"{number(value, unit, signed=signed)} [{number(low, unit, signed=signed)}, {number(high, unit, signed=signed)}]"

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from paretolab.plugin_api.numbers import plural
 from paretolab.stats import Samples, samples
 
 LEVEL = 0.95
@@ -141,7 +142,7 @@ def _unit_draws(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str,
         ib = im if shared or _same_units(sm, sb) else rng.integers(0, sb.n, size=(RESAMPLES, sb.n))
         total += fv(sm.value(im)) - fv(sb.value(ib))
     first = loaded[0][0]
-    label = f"{first.n} {first.unit}s" if shared else f"the {first.unit}s of each trial"
+    label = f"{first.n} {plural(first.unit)}" if shared else f"the {plural(first.unit)} of each trial"
     return total / len(loaded), label
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.plugin_api.numbers import interval_text, number
+from paretolab.plugin_api.numbers import interval_text, number, plural
 from paretolab.stats import (
     PairedDifference,
     interval,
@@ -78,7 +78,7 @@ def describe(d: PairedDifference) -> str:
     A zero-width interval (the two trials score alike on every example) is "no variation observed": it is neither
     within nor beyond a noise that was not seen.
     """
-    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {d.unit}s" if d.n else f"paired over {d.unit}s"
+    how = "unpaired" if d.unit == "unpaired" else f"paired, {d.n} {plural(d.unit)}" if d.n else f"paired over {plural(d.unit)}"
     verdict = "no variation observed" if d.low == d.high else "within noise" if d.within_noise else "beyond noise"
     return f"{interval_text(d.diff, d.low, d.high, signed=True)} {verdict} ({how})"
 

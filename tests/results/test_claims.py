@@ -258,6 +258,9 @@ def test_one_pair_is_judged_on_the_paired_bootstrap_over_its_windows_when_they_a
     verdict = _verdict(text)
     assert verdict.startswith("**Verdict: held** — ppl catq[steps=160] − absmean_ternary = "), verdict
     assert "(95 % interval: paired bootstrap over 16 windows; one replicate: evaluation noise only, not seed-to-seed), mean over n = 1 pair(s) (trials 0 vs 2)" in verdict
+    # the unit is named in the plural the reader expects ("queries", not "querys")
+    as_queries = {run: {**payload, "unit": "query"} for run, payload in payloads.items()}
+    assert "paired bootstrap over 16 queries;" in _verdict("\n".join(claim_lines(claim, trials, lambda run: None, as_queries.get)))
     # the same pair with no stored windows: no interval, said as before
     bare = _verdict("\n".join(claim_lines(claim, trials, lambda run: None, lambda run: None)))
     assert bare.startswith("**Verdict: no verdict: one replicate and no per-example scores stored"), bare

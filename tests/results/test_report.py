@@ -199,6 +199,7 @@ def test_a_difference_that_is_the_same_on_every_example_says_no_variation_observ
     assert describe(PairedDifference(0.0, 0.0, 0.0, 256, "example")) == "+0 [+0, +0] no variation observed (paired, 256 examples)"
     assert describe(PairedDifference(0.01, -0.002, 0.02, 256, "example")).endswith("within noise (paired, 256 examples)")
     assert describe(PairedDifference(0.05, 0.03, 0.07, 256, "example")).endswith("beyond noise (paired, 256 examples)")
+    assert describe(PairedDifference(0.05, 0.03, 0.07, 1000, "query")).endswith("(paired, 1000 queries)")  # not "querys"
 
 
 def test_a_section_says_which_trials_training_the_clock_cut_short():
