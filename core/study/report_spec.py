@@ -201,7 +201,8 @@ def claim_from(raw: Any, directions: dict[str, str] | None = None) -> Claim | No
     margin = raw.get("margin")
     better = "higher" if (directions or {}).get(raw["metric"]) == "maximize" else "lower"
     return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), replicates, reference,
-                 margin=float(margin) if isinstance(margin, (int, float)) else None, scale=str(raw.get("scale", "linear")), better=better)
+                 margin=float(margin) if isinstance(margin, (int, float)) else None, scale=str(raw.get("scale", "linear")), better=better,
+                 works=raw.get("works") if isinstance(raw.get("works"), str) else None)
 
 
 def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from paretolab.errors import ConfigError
@@ -11,6 +13,8 @@ from paretolab.study.report_spec import Claim
 from paretolab.study.spec import parse_spec
 from tests.conftest import edited
 from tests.results.test_claims import PIPELINE
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _verdicts(lines: list[str]) -> list[str]:
@@ -251,3 +255,16 @@ def test_the_equal_flops_line_says_what_train_flops_counts():
     upipe = ({"run_params": {"info.train_flops_counts": "the attention chunks recomputed"}}, {"run_params": {}})
     assert flops_counted(Group((), [plain])) == "`train_flops` counts: forward and backward of every step."
     assert flops_counted(Group((), [upipe])).endswith("plus the attention chunks recomputed.")
+
+
+@pytest.mark.parametrize("pipeline", sorted((ROOT / "pipelines").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_stored_pipeline_gives_back_the_claims_it_was_validated_with(pipeline):
+    """Reports read claims from the pipeline a study stored (a store or a bundle), not from the YAML: every field must come
+    back as parse_spec made it (`works: decode_ok` was dropped there, and PMATIC's bits at bf16, where it does not
+    decode, read "held")."""
+    from paretolab.plugin_api.manager import registries
+    from paretolab.study.report_spec import claims_from
+    from paretolab.study.spec import load_spec
+
+    spec = load_spec(pipeline)
+    assert claims_from(spec.raw, {m.name: m.direction for m in registries().metrics}) == list(spec.claims)
