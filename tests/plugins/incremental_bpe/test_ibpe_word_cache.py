@@ -79,3 +79,46 @@ def test_long_candidate_chains_give_the_same_ids_tested_eight_at_a_time_or_one_b
         env = {**os.environ, "IBPE_NO_AVX2": off} if off else {k: v for k, v in os.environ.items() if k != "IBPE_NO_AVX2"}
         out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, env=env, check=True)
         assert json.loads(out.stdout.strip().splitlines()[-1]) == truth, f"IBPE_NO_AVX2={off!r}"
+
+
+def _unrepeated_syllable_words(count: int, seed: int = 3) -> str:
+    """Words of 6-20 bytes glued from English syllables in random case: almost none repeats (the cache switches off for
+    their lengths), and unlike base64's their automaton states run 3 or more deep ("tion", "ment", "ally")."""
+    rng = random.Random(seed)
+    parts = ["tion", "ment", "ally", "ing", "con", "ter", "pre", "ous", "able", "ness", "str", "the", "and", "ver", "ful",
+             "X", "Q", "z", "Ab", "eR", "qu", "ph", "ck"]
+    words = []
+    for _ in range(count):
+        word = "".join(rng.choice(parts) for _ in range(rng.randint(2, 5)))[:20]
+        word = "".join(c.upper() if rng.random() < 0.15 else c for c in word)
+        words.append(rng.choice(("", " ")) + word)
+    return "".join(w + rng.choice((" ", ".", "0", "\n")) for w in words)
+
+
+def test_words_the_cache_skips_take_the_shallow_step_and_still_equal_hf(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    """Words of a bypassed length step by their last three bytes while the automaton stays shallow (bpe_short_flat);
+    where a 3-gram is a state they step from the state before, and on while it stays deep."""
+    engine = tok_c.fresh()
+    text = _unrepeated_syllable_words(20_000)
+    assert engine.encode(text) == hf_ids(text)
+    rng = random.Random(5)  # runs of symbols with bytes the vocabulary lacks (HF drops \x04 and \x06) and non-ASCII
+    symbols = "".join(" " + "".join(rng.choice("!#$%&*+-/<=>?@^|~\x04\x06×") for _ in range(9)) for _ in range(3_000))
+    mixed = gen_base64(40_000) + _unrepeated_syllable_words(4_000, seed=4) + symbols
+    assert engine.encode(mixed) == hf_ids(mixed)
+
+
+def test_a_long_result_with_added_tokens_among_its_ids_equals_hf(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    """A result of ~100000 ids, most from words the cache skips, and added tokens between them."""
+    from paretolab.plugins.incremental_bpe._vocab import SpecialToken
+    from paretolab.plugins.incremental_bpe._pretokenize import SpecialSplitter
+
+    text = gen_base64(100_000) + "-" * 70_000 + gen_hex(20_000) + PROSE
+    ids = tok_c.fresh().encode(text)
+    assert len(ids) > 6 * 16384 and ids == hf_ids(text)
+    specials = [SpecialToken("<s1>", 1), SpecialToken("<s2>", 2)]
+    engine = tok_c.fresh()._engine
+    engine.set_specials([(s.content.encode(), s.id) for s in specials])
+    text = "<s1>".join(gen_base64(9_000, seed=k) for k in range(12)) + "<s2>"
+    plain = tok_c.fresh()._engine
+    expected = [i for part in SpecialSplitter(specials).split(text) for i in ([part] if isinstance(part, int) else plain.encode_text(part))]
+    assert engine.encode_text(text) == expected
