@@ -17,8 +17,7 @@
  * Per call, encode_text finds pre-tokens a few words ahead and prefetches their word-cache slots;
  * a one-byte word is its byte's token (no cache); a cached word costs one 64-byte line, compared
  * as three 8-byte words; for a word length whose words never repeat the cache switches itself
- * off for a while (WINDOW, counted per length), and those words take a step that needs no earlier
- * state while the automaton stays shallow (bpe_short_flat). The ids go to a buffer the engine keeps (no malloc per call: the first call of
+ * off for a while (WINDOW, counted per length). The ids go to a buffer the engine keeps (no malloc per call: the first call of
  * a fresh engine otherwise paid for sorting whatever another library had just freed).
  *
  * Profiling builds (not used by the package): -DIBPE_PROFILE adds _fast.phases(), the thread CPU
@@ -170,7 +169,6 @@ typedef struct {
     Cand *cands;
     int32_t *shallow; /* [row << 8 | byte] -> next state, fail links resolved: row 0 the root, 1 + b the state "b" */
     uint8_t *classes;       /* 0x110000 entries */
-    uint8_t *tri;           /* bit a << 14 | b << 7 | c set: the ASCII bytes abc are a trie state (bpe_short_flat) */
     Py_ssize_t n_cands;
     int32_t *cand_rlen, *cand_lo, *cand_span; /* the candidates' tests as three arrays (chain_avx2 loads 8 at once) */
     IntBuf last, walk;      /* scratch for encode_word: nodes and automaton states by position */
@@ -358,19 +356,11 @@ static int bpe_word_uncached(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *
     return emit_tokens(e, last, lens, end, out);
 }
 
-/* a short word's ids (nodes last[], lengths lens[] by position) read back into a stack buffer and copied out 24 at
- * once (out has ID_SLACK spare ids), so how many tokens a word has decides no branch but the read-back loop's own */
-static inline __attribute__((always_inline)) void emit_short(const Engine *e, const int32_t *last, const uint8_t *lens, Py_ssize_t end, IntBuf *out) {
-    int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
-    for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
-    int32_t *dst = out->data + out->len;
-    for (int j = 0; j < CACHE_WORD; j += 8) memcpy(dst + j, k + j, 8 * sizeof(int32_t));
-    out->len += top - k;
-}
-
 /* A short word (2..CACHE_WORD bytes) the cache did not answer, on the stack. Its first two steps need
  * no automaton record: the first byte's state is the root's row, the second the first byte's row of
- * the shallow table, so the branches a step takes (root? depth 1?) are not taken at random per word. */
+ * the shallow table, so the branches a step takes (root? depth 1?) are not taken at random per word.
+ * Its ids are read back into a stack buffer and copied out 24 at once (out has ID_SLACK spare ids),
+ * so how many tokens a word has decides no branch but the read-back loop's own. */
 #define ID_SLACK 32
 static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
     if ((e->byte_token[w[0]] | e->byte_token[w[1]]) < 0) return bpe_word_uncached(e, w, n, out);
@@ -388,40 +378,11 @@ static int bpe_short_word(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out
         end++;
         if (take_last(e, last, lens, end, state, w[i], 0) < 0) return -1;
     }
-    emit_short(e, last, lens, end, out);
-    return 0;
-}
-
-/* A short word without the automaton's dependent walk: while the state before a byte c is at most 2 deep, the
- * state after it depends only on the 3 bytes abc ending there. If abc is no trie state (a bit of tri), it is the
- * shallow row of b at c (the longest of bc, c, root in the trie); else it is abc's own state, the child of ab.
- * Only a state 3 or more deep needs the one before it. So most states are independent loads the CPU overlaps,
- * not a chain of misses (random letters: 3 % of 3-grams are states). */
-static inline int tri_has(const Engine *e, uint8_t a, uint8_t b, uint8_t c) {
-    return e->tri[(a << 11) | (b << 4) | (c >> 3)] >> (c & 7) & 1;
-}
-static __attribute__((noinline)) int bpe_short_flat(Engine *e, const uint8_t *w, Py_ssize_t n, IntBuf *out) {
-    int odd = 0; /* a non-ASCII byte, or one the vocabulary lacks */
-    for (Py_ssize_t i = 0; i < n; i++) odd |= (w[i] >> 7) | (e->byte_token[w[i]] < 0);
-    if (odd) return bpe_short_word(e, w, n, out);
-    int32_t st[CACHE_WORD + 1];
-    int32_t last[CACHE_WORD + 1];
-    uint8_t lens[CACHE_WORD + 1];
-    st[1] = e->shallow[w[0]], st[2] = e->shallow[((size_t)(1 + w[0]) << 8) | w[1]];
-    int deep = 0;
-    for (Py_ssize_t i = 2; i < n; i++) {
-        if (deep || tri_has(e, w[i - 2], w[i - 1], w[i])) {
-            st[i + 1] = ac_step(e, st[i], w[i]);
-            deep = e->states[st[i + 1]].depth >= 3;
-        } else {
-            st[i + 1] = e->shallow[((size_t)(1 + w[i - 1]) << 8) | w[i]];
-        }
-    }
-    last[0] = 0, lens[0] = 0;
-    last[1] = e->states[st[1]].node, lens[1] = 1;
-    for (Py_ssize_t end = 2; end <= n; end++)
-        if (take_last(e, last, lens, end, st[end], w[end - 1], 1) < 0) return -1;
-    emit_short(e, last, lens, n, out);
+    int32_t ids[2 * CACHE_WORD + 2], *top = ids + CACHE_WORD + 1, *k = top;
+    for (Py_ssize_t p = end; p > 0; p -= lens[p]) *--k = e->node_token[last[p]];
+    int32_t *dst = out->data + out->len;
+    for (int j = 0; j < CACHE_WORD; j += 8) memcpy(dst + j, k + j, 8 * sizeof(int32_t));
+    out->len += top - k;
     return 0;
 }
 
@@ -684,7 +645,7 @@ static int bpe_word(Engine *e, const uint8_t *w, Py_ssize_t n, const WordKey *ke
     struct Bypass *by = &e->bypass[n];
     if (by->left > 0) {
         by->left--;
-        return bpe_short_flat(e, w, n, out);
+        return bpe_short_word(e, w, n, out);
     }
     WordKey late;
     if (key->slot == UINT32_MAX) { /* bypassed when the look-ahead saw it, no longer */
@@ -1239,24 +1200,6 @@ static PyObject **ints_upto(Py_ssize_t n) {
     return grown;
 }
 
-/* tri (see bpe_short_flat): every ASCII 3-gram that is a trie state, found from the depth-2 states' children */
-static int build_tri(Engine *e) {
-    if (!(e->tri = PyMem_Calloc(1 << 18, 1))) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int a = 0; a < 128; a++)
-        for (int b = 0; b < 128; b++) {
-            int32_t ab = e->shallow[((size_t)(1 + a) << 8) | b];
-            if (e->byte_token[a] < 0 || e->byte_token[b] < 0 || e->states[ab].depth != 2) continue; /* ab is no state: nor is abc */
-            for (int c = 0; c < 128; c++) {
-                int32_t t = e->states[ab].base + c;
-                if (t >= 0 && t < e->n_slots && e->states[t].check == ab) e->tri[(a << 11) | (b << 4) | (c >> 3)] |= (uint8_t)(1 << (c & 7));
-            }
-        }
-    return 0;
-}
-
 static int engine_runtime(Engine *e) {
     if (!(e->ints = ints_upto(e->n_tokens))) return -1;
     for (int b = 0; b < 256; b++) e->byte_node[b] = e->byte_token[b] < 0 ? -1 : e->states[e->shallow[b]].node;
@@ -1280,7 +1223,6 @@ static int engine_runtime(Engine *e) {
     }
     e->all_bytes = 1;
     for (int b = 0; b < 256; b++) e->all_bytes &= e->byte_token[b] >= 0;
-    if (build_tri(e) < 0) return -1;
     memset(e->ascii_bits, 0, sizeof(e->ascii_bits));
     for (int b = 0; b < 128; b++) e->ascii_bits[e->classes[b] & 3][b & 15] |= (uint8_t)(1 << (b >> 4));
     memset(e->lack_bits, 0, sizeof(e->lack_bits));
@@ -1372,7 +1314,6 @@ static void Engine_dealloc(Engine *e) {
     PyMem_Free(e->last.data);
     PyMem_Free(e->walk.data);
     PyMem_Free(e->cand_rlen);
-    PyMem_Free(e->tri);
     PyMem_Free(e->cand_lo);
     PyMem_Free(e->cand_span);
     PyMem_Free(e->ids.data);
