@@ -95,9 +95,9 @@ def _unrepeated_syllable_words(count: int, seed: int = 3) -> str:
     return "".join(w + rng.choice((" ", ".", "0", "\n")) for w in words)
 
 
-def test_words_the_cache_skips_take_the_shallow_step_and_still_equal_hf(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
-    """Words of a bypassed length step by their last three bytes while the automaton stays shallow (bpe_short_flat);
-    where a 3-gram is a state they step from the state before, and on while it stays deep."""
+def test_words_the_cache_skips_equal_hf_where_their_states_run_deep(tok_c: IncrementalBPE, hf_ids: Callable[[str], list[int]]) -> None:
+    """Words of lengths the cache switches itself off for (they never repeat), whose automaton states run 3 or more
+    deep, beside runs of symbols with bytes the vocabulary lacks and non-ASCII ones."""
     engine = tok_c.fresh()
     text = _unrepeated_syllable_words(20_000)
     assert engine.encode(text) == hf_ids(text)
