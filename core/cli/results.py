@@ -179,10 +179,23 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
                       *(["--no-progress"] if args.no_progress else [])], root)
         if code != 0:
             raise ConfigError(f"study {study} stopped with exit code {code}; `paretolab results run {doc.family}` resumes it")
+        _require_a_completed_trial(stores, study, doc.family)
         out = bundle_path(root, study)
         written = export_bundle([study], stores, out)
         print(f"wrote {out.relative_to(root)} ({written[study]} trials, {(time.monotonic() - start) / 60:.1f} min); commit it", flush=True)
     return 0
+
+
+def _require_a_completed_trial(stores: object, study: str, family: str) -> None:
+    """A study that completed no trial (every trial failed: an engine not installed, say) leaves no bundle: committed, it
+    would replace real results with none."""
+    from paretolab.errors import ConfigError
+    from paretolab.results.read import load_study
+
+    trials = load_study(study, stores).trials  # type: ignore[arg-type]
+    if not any(t.state.name == "COMPLETE" for t in trials):
+        raise ConfigError(f"study {study} completed none of its {len(trials)} trial(s), so no bundle was written; "
+                          f"`paretolab report {study}` lists why they failed; fix that, then `paretolab results run {family}`")
 
 
 def wait_for_quiet(study: str, max_load: float, wait_min: float, poll_s: float = 15.0) -> None:

@@ -193,3 +193,22 @@ def test_status_hashes_a_pipeline_as_the_study_it_starts_does(pipeline):
     from paretolab.study.spec import load_spec, pipeline_hash
 
     assert pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline))) == load_spec(pipeline).pipeline_hash()
+
+
+def test_a_study_that_completed_no_trial_leaves_no_bundle(checkout, tmp_path, monkeypatch, capsys):
+    """Every trial failed (an engine not installed): `results run` writes no bundle and says why, where it used to write an
+    empty one and say "commit it" over the real results."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    import paretolab.cli.results as results_cli
+    from paretolab.cli import main
+
+    (checkout / "results" / "bundles" / "constrained.jsonl.gz").unlink()
+    stores = resolve_stores(home=str(tmp_path / "store"))
+    failed = optuna.create_study(study_name="constrained", storage=stores.optuna_url, directions=["minimize"])
+    failed.add_trial(create_trial(state=TrialState.FAIL))
+    monkeypatch.setattr(results_cli, "_call", lambda argv, cwd: 0)  # the study "ran": its trials are the failed one above
+    code = main(["results", "run", "one", "--root", str(checkout), "--home", str(tmp_path / "store"), "--busy-ok", "--no-progress"])
+    assert code == 2 and "completed none of its 1 trial(s), so no bundle was written" in capsys.readouterr().err
+    assert not (checkout / "results" / "bundles" / "constrained.jsonl.gz").exists()
