@@ -190,9 +190,10 @@ def test_status_hashes_a_pipeline_as_the_study_it_starts_does(pipeline):
     """`results status` reads the YAML without validating; its hash must be the one a study started from it stores
     (a `models:` pipeline gets its subject filled in by both), or a fresh bundle reads "stale"."""
     from paretolab.data.yaml_read import read_yaml
-    from paretolab.study.spec import load_spec, pipeline_hash
+    from paretolab.study.spec import pipeline_hash
+    from tests.study.shipped_pipelines import load_as_shipped
 
-    assert pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline))) == load_spec(pipeline).pipeline_hash()
+    assert pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline))) == load_as_shipped(pipeline).pipeline_hash()
 
 
 def test_a_study_that_completed_no_trial_leaves_no_bundle(checkout, tmp_path, monkeypatch, capsys):

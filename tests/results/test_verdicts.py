@@ -264,7 +264,7 @@ def test_a_stored_pipeline_gives_back_the_claims_it_was_validated_with(pipeline)
     decode, read "held")."""
     from paretolab.plugin_api.manager import registries
     from paretolab.study.report_spec import claims_from
-    from paretolab.study.spec import load_spec
+    from tests.study.shipped_pipelines import load_as_shipped
 
-    spec = load_spec(pipeline)
+    spec = load_as_shipped(pipeline)
     assert claims_from(spec.raw, {m.name: m.direction for m in registries().metrics}) == list(spec.claims)

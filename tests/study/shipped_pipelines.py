@@ -25,6 +25,21 @@ def saved_models() -> dict[str, str]:
     return out
 
 
+def load_as_shipped(path: Path) -> StudySpec:
+    """``load_spec`` as on the machine that trained the checkpoints: a model name a shipped pipeline saves
+    (``train.save_as``) counts as known, so the spec keeps it (and its pipeline hash) where ``load_shipped`` swaps it."""
+    from unittest import mock
+
+    from paretolab.models import check_model_name
+
+    def known(name: str) -> None:
+        if name not in saved_models():
+            check_model_name(name)
+
+    with mock.patch("paretolab.study.spec.check_model_name", known):
+        return load_spec(path)
+
+
 def load_shipped(path: Path) -> StudySpec:
     """``load_spec``; a pipeline on a checkpoint that a shipped pipeline saves (absent on a fresh machine) is
     checked on that checkpoint's own base model instead, everything else unchanged."""
