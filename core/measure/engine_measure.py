@@ -47,7 +47,7 @@ from paretolab.measure.energy import choose_source, counter_monitor, watts_per_c
 from paretolab.measure.engine_formats import DENSE_LABEL, compressed_checkpoint, exact_bits, served_label, weight_kinds, write_hf
 from paretolab.measure.engine_gguf import BITS_TO_TYPE, requantize
 from paretolab.measure.engine_llama import GGUF_TYPES, LlamaEngine
-from paretolab.measure.engine_load import FIGURES, PROMPTS, LoadSpec, metric_name, run_load
+from paretolab.measure.engine_load import FIGURES, PROMPTS, EngineLoadError, LoadSpec, metric_name, run_load
 from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, window_nll
 from paretolab.measure.engine_server import EngineStartError, Server, free_port, group_alive, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
@@ -228,7 +228,12 @@ class Engine(Measure):
                 start_s = time.perf_counter() - t0
                 joules, source = energy_counter(server)
                 load = os.getloadavg()[0]
-                report = run_load(server.url, "trial", spec, joules=joules)
+                try:
+                    report = run_load(server.url, "trial", spec, joules=joules)
+                except EngineLoadError as exc:  # a server that crashed mid-load: say so, not only "connection refused"
+                    if (died := server.died()) is not None:
+                        raise EngineLoadError(f"{e} server {died} (during the load, which saw: {exc})") from exc
+                    raise
                 load = (load + os.getloadavg()[0]) / 2
                 peak = server.peak_rss_bytes
                 quality = self._ppl(e, server.url, subject, options, ctx) if e == "vllm" else {}

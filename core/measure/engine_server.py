@@ -84,6 +84,16 @@ def engine_message(path: Path, chars: int = 500) -> str:
     return log_tail(path, chars=chars)
 
 
+def ended(code: int) -> str:
+    """How a process ended, from its return code: "exited with code 1", "was killed by SIGSEGV"."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
 @dataclass
 class Server:
     """A running server: its process, address, log, and what the sampler saw."""
@@ -99,6 +109,11 @@ class Server:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def died(self) -> str | None:
+        """None while the server runs; else how it ended and the engine's own last words (its log)."""
+        code = self.proc.poll()
+        return None if code is None else f"{ended(code)}: {engine_message(self.log)}"
 
     @property
     def url(self) -> str:
@@ -200,7 +215,7 @@ def serve(command: Sequence[str], *, port: int, log: Path, ready_path: str = "/v
         while True:
             if proc.poll() is not None:
                 reason = engine_message(log)
-                raise EngineStartError(f"{name} server exited with code {proc.returncode} before answering on port {port}: {reason}", reason)
+                raise EngineStartError(f"{name} server {ended(proc.returncode)} before answering on port {port}: {reason}", reason)
             server.sample()
             if _answers(port, ready_path):
                 break

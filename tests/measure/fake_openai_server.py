@@ -6,7 +6,8 @@ Answers ``GET /v1/models`` and ``POST /v1/completions`` with ``stream: true``: w
 seconds, then sends ``max_tokens`` chunks ``--itl`` seconds apart, a usage chunk and ``[DONE]``.
 ``--stall-after N``: after N chunks it stops sending (and keeps the connection open).
 ``--mode exit``: prints a message and exits 3 at once; ``--mode deaf``: never listens;
-``--mode slow-ready``: listens but answers /v1/models 503 forever.
+``--mode slow-ready``: listens but answers /v1/models 503 forever; ``--mode crash``: answers /v1/models,
+then on the first completion request prints a line and kills itself with SIGSEGV (an engine kernel that crashes).
 ``--child``: starts a sleeping child process (in its process group) to check that stopping kills it too;
 its pid is written to ``--child-pid-file``.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +30,7 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=0.05)
     ap.add_argument("--itl", type=float, default=0.01)
     ap.add_argument("--stall-after", type=int, default=-1)
-    ap.add_argument("--mode", default="ok", choices=["ok", "exit", "deaf", "slow-ready"])
+    ap.add_argument("--mode", default="ok", choices=["ok", "exit", "deaf", "slow-ready", "crash"])
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--child-pid-file", default="")
     args = ap.parse_args()
@@ -61,6 +64,9 @@ def main() -> None:
 
         def do_POST(self) -> None:  # noqa: N802
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if args.mode == "crash":
+                print("ggml_backend_amx_mul_mat: about to crash", flush=True)
+                os.kill(os.getpid(), signal.SIGSEGV)
             n = int(req.get("max_tokens", 16))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -19,6 +19,7 @@ import pytest
 
 from paretolab.errors import ConfigError
 from paretolab.measure.engine_llama import EngineUnavailable, LlamaEngine
+from paretolab.measure.engine_load import EngineLoadError
 from paretolab.measure.engine_formats import compressed_checkpoint
 from paretolab.measure.engine_measure import DENSE_LABEL, Engine, EngineOptions, exact_bits, served_label, weight_kinds
 from paretolab.measure.engine_server import EngineStartError, group_alive
@@ -106,7 +107,7 @@ def fake_llama(tmp_path, monkeypatch) -> Path:
         "model, port = a[a.index('--model') + 1], a[a.index('--port') + 1]\n"
         "if 'broken' in open(model, 'rb').read().decode(errors='replace') or os.environ.get('FAKE_LLAMA_FAIL'):\n"
         "    print('llama_model_load: error loading model: unknown tensor type'); sys.exit(1)\n"
-        f"sys.argv = ['fake', '--port', port, '--ttft', '0.02', '--itl', '0.005']\n"
+        f"sys.argv = ['fake', '--port', port, '--ttft', '0.02', '--itl', '0.005', '--mode', os.environ.get('FAKE_LLAMA_MODE', 'ok')]\n"
         f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n")
     monkeypatch.setenv("PARETOLAB_LLAMA_PYTHON", sys.executable)
     monkeypatch.setenv("PARETOLAB_LLAMA_CONVERTER", str(conv))
@@ -139,6 +140,16 @@ def test_measure_serves_a_trial_on_a_fake_llama(tiny, ctx, fake_llama) -> None:
     assert q.info["llama_server_stopped"].endswith("none left after the measure (checked)")
     assert q.info["llama_energy_source"] in ("rapl", "estimate")
     assert "int4 g32" in q.info["llama_weights"]
+
+
+def test_a_server_that_crashes_mid_load_is_named_with_its_signal_and_last_words(tiny, ctx, fake_llama, monkeypatch) -> None:
+    """llama.cpp's AMX kernel segfaulted on SmolLM2's Q4_0 after the server was up: the trial said only "connection
+    refused"; it must say the server died, how, and its log's last words."""
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "crash")
+    options = parse_options(EngineOptions, {"concurrency": [1], "prompts": 1, "new_tokens": 2, "repeats": 1, "ready_s": 30}, where="m")
+    with pytest.raises(EngineLoadError, match=r"llama server was killed by SIGSEGV: .*ggml_backend_amx_mul_mat: about to crash .*during the load"):
+        Engine().measure(tiny, options, ctx)
+    _no_server_left(fake_llama)
 
 
 def test_measure_refused_start_gives_the_engines_message_and_leaves_nothing(tiny, ctx, fake_llama, monkeypatch) -> None:
@@ -226,6 +237,28 @@ def test_real_llama_cpp_serves_smollm2(ctx) -> None:
     assert out["llama_model_bytes"] > 400e6  # 135M parameters in f32
     # the same fp32 weights in llama.cpp: the same perplexity, to float rounding
     assert out["llama_ppl"] == pytest.approx(trial["ppl"], rel=1e-3) and out["llama_ppl_gap"] == 0
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_llama_cpp_serves_an_rtn_trial_as_its_exact_q4_0_blocks(ctx) -> None:
+    """The engine study's RTN trials: llama.cpp serves the trial's own 4-bit codes as Q4_0 (a build whose AMX kernel
+    segfaulted here served nothing: every request "connection refused")."""
+    required(LlamaEngine.find)
+    from paretolab.models.lookup import load_subject
+
+    from paretolab.tasks.perplexity import Perplexity, PerplexityOptions
+
+    subject = RTN().transform(load_subject("smollm2-135m"), {"bits": 4, "group_size": 32}, ctx)
+    ctx.task = {"name": "perplexity", "corpus": "pydoc", "max_tokens": 1024, "context": 512, "stride": 512}
+    trial = Perplexity().evaluate(subject, parse_options(PerplexityOptions, {k: v for k, v in ctx.task.items() if k != "name"}, where="t"), ctx)
+    options = parse_options(EngineOptions, {"concurrency": [1], "prompts": 2, "new_tokens": 8, "repeats": 1}, where="m")
+    out = Engine().measure(subject, options, ctx)
+    assert subject.info["llama_format"].startswith("Q4_0 (exact: the trial's codes")
+    assert out["llama_errors_c1"] == 0 and out["llama_tok_s_c1"] > 0
+    assert out["llama_model_bytes"] < 250e6  # the linear layers in 4.5-bit blocks (the F32 file: 540 MB; the embedding stays F32)
+    # the trial's own codes (block scales in fp16): the trial's perplexity, to the scales' rounding
+    assert out["llama_ppl"] == pytest.approx(trial["ppl"], rel=1e-2)
 
 
 @pytest.mark.vllm
