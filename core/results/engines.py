@@ -72,6 +72,20 @@ def _ratio_text(r: tuple[float, float, float] | None) -> str:
     return number(v) if lo != lo else interval_text(v, lo, hi)
 
 
+def _load_owner(served: list[dict[str, Any]], most: float) -> str:
+    """Whose load that was: the server's own threads and the load generator's on the machine's cores, within the
+    other work a timed study tolerates (``MAX_LOAD``, the one threshold of `results status`), or other work's too."""
+    from paretolab.results.documents import MAX_LOAD
+
+    cores = {str(c) for r in served if (c := (r.get("run_params") or {}).get("info.cores")) not in (None, "")}
+    if len(cores) != 1:
+        return "the machine's cores were not recorded, so other work may have shared it"
+    n = float(cores.pop())
+    if most <= n + MAX_LOAD:
+        return f"the server's and the load generator's own, on {n:g} cores: no other work beyond {MAX_LOAD:g}"
+    return f"over the {n:g} cores by more than {MAX_LOAD:g}: shared with other work"
+
+
 def engine_cells(row: dict[str, Any], e: str, base: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, str]:
     """One trial in one engine, as text cells: served as, tok/s per level (÷ none), the engine's ppl and its gap."""
     cells = {"engine": ENGINES[e], "served as": str(info.get(f"{e}_format", ""))}
@@ -142,8 +156,8 @@ def engine_lines(rows: list[dict[str, Any]], baseline_of: Callable[[dict[str, An
     loads = [v for r in served for e in engines_in(r) if (v := _number(r, f"{e}_loadavg")) is not None]
     if loads:
         out += [f"**Under load**: the machine's 1-minute load average while the engines were under load was {min(loads):.1f}–"
-                f"{max(loads):.1f} ({len(loads)} loads; shared with other work). Absolute tokens/s move with it; read the "
-                "ratios against none.", ""]
+                f"{max(loads):.1f} ({len(loads)} loads; {_load_owner(served, max(loads))}). Absolute tokens/s move with it; "
+                "read the ratios against none.", ""]
     stopped = [bool(r.get("run_params", {}).get(f"info.{e}_server_stopped")) for r in served for e in engines_in(r)]
     if stopped and all(stopped):
         out += [f"Every server's process group ({len(stopped)}) was checked gone after its measure.", ""]

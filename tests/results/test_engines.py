@@ -46,6 +46,21 @@ def test_the_section_says_where_the_engine_and_the_in_process_figure_disagree() 
     assert "- trial 1 (rtn), vLLM: vLLM did not serve the compressed-tensors checkpoint: ValueError: no kernel" in text
 
 
+def test_the_load_line_says_whose_load_it_was_against_the_cores_the_trials_recorded() -> None:
+    """The server's own threads load the machine (2.2 beside 2 cores, run alone): the line said "shared with other work"
+    whatever the load was."""
+    def section(load: float, cores: object) -> str:
+        rows = [_row(t, m, (20.0, 18.0, 22.0), (0.01, -0.02, 0.04), llama_loadavg=load) for t, m in ((0, "none"), (1, "rtn"))]
+        for r in rows:
+            if cores is not None:
+                r["run_params"]["info.cores"] = cores
+        return "\n".join(engine_lines(rows, baseline_finder(rows, ()), markdown_table))
+
+    assert "(2 loads; the server's and the load generator's own, on 2 cores: no other work beyond 1)" in section(2.2, "2")
+    assert "(2 loads; over the 2 cores by more than 1: shared with other work)" in section(11.5, "2")
+    assert "(2 loads; the machine's cores were not recorded, so other work may have shared it)" in section(2.2, None)
+
+
 def test_the_section_says_so_when_they_agree_and_is_absent_without_engines() -> None:
     none = _row(0, "none", (20.0, 18.0, 22.0), (0.01, -0.02, 0.04))
     rtn = _row(1, "rtn", (30.0, 28.0, 32.0), (0.01, -0.02, 0.04), decode_speedup=1.4, decode_speedup_iqr=0.1)
