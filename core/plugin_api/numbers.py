@@ -32,7 +32,7 @@ UNITLESS = ("", "ratio", "x", "flag", "score", "fraction", "accuracy")  # units 
 
 def number(value: Any, unit: str = "", *, signed: bool = False, digits: int = DIGITS) -> str:
     """``value`` as text by the rules above; ``unit="bytes"`` scales it and says the scaled unit; ``signed`` writes a ``+``;
-    ``digits`` only for a spread (a standard error is written to 2: ``0.4575 ± 0.025``)."""
+    ``digits`` only for a spread (a standard error is written to 2: ``0.4575 ± 0.025``) or bounds (:func:`interval_digits`)."""
     if value is None or isinstance(value, str):
         return value or ""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
@@ -115,9 +115,21 @@ def plural(noun: str) -> str:
     return noun + "es" if noun.endswith(("s", "x", "z", "ch", "sh")) else noun + "s"
 
 
+def interval_digits(low: Any, high: Any, unit: str = "") -> int:
+    """The significant digits an interval is written with: ``DIGITS``, or more where its two different bounds would print
+    the same (``[1.003, 1.003]`` reads as zero width, which is "no variation observed"; ``[1.0029, 1.0034]`` is not)."""
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (low, high)) or low == high:
+        return DIGITS
+    for d in range(DIGITS, 10):
+        if number(low, unit, digits=d) != number(high, unit, digits=d):
+            return d
+    return DIGITS
+
+
 def interval_text(value: Any, low: Any, high: Any, unit: str = "", *, signed: bool = False) -> str:
-    """``23.4 [22.1, 24.9]``: a value and its 95 % interval, all by :func:`number`."""
-    return f"{number(value, unit, signed=signed)} [{number(low, unit, signed=signed)}, {number(high, unit, signed=signed)}]"
+    """``23.4 [22.1, 24.9]``: a value and its 95 % interval, all by :func:`number` (with :func:`interval_digits`)."""
+    d = interval_digits(low, high, unit)
+    return f"{number(value, unit, signed=signed, digits=d)} [{number(low, unit, signed=signed, digits=d)}, {number(high, unit, signed=signed, digits=d)}]"
 
 
 def axis_title(name: str, direction: str | None = None, unit: str | None = None) -> str:

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.plugin_api.numbers import interval_text, metric_value, number, unit_of
+from paretolab.plugin_api.numbers import DIGITS, interval_digits, interval_text, metric_value, number, unit_of
 from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
 from paretolab.study.report_spec import Claim
@@ -175,7 +175,8 @@ def _margin(claim: Claim) -> str:
 def _difference(claim: Claim, est: Estimate, group: Group) -> str:
     log = claim.scale == "log"
     name = f"{claim.metric} {claim.method} {'÷' if log else '−'} {claim.baseline}"
-    show = (lambda v: f"×{number(math.exp(v))}") if log else (lambda v: number(v, signed=True))
+    d = interval_digits(*((math.exp(est.low), math.exp(est.high)) if log else (est.low, est.high))) if est.low is not None and est.high is not None else DIGITS
+    show = (lambda v: f"×{number(math.exp(v), digits=d)}") if log else (lambda v: number(v, signed=True, digits=d))
     span = f" [{show(est.low)}, {show(est.high)}]" if est.low is not None and est.high is not None and not est.zero_width else ""
     rests = f" (95 % interval: {est.rests_on()}{'; clipped to the metric’s range' if est.clipped else ''})" if span else ""
     if est.zero_width:

@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 from paretolab.dashboard import data
 from paretolab.dashboard.plots import frontier_points
 from paretolab.dashboard.tables import compare_table, frontier_table, key_values
-from paretolab.plugin_api.numbers import axis_title, metric_value, number, param_value
+from paretolab.plugin_api.numbers import axis_title, interval_text, metric_value, number, param_value
 from paretolab.results.read import frontier_rows, print_frontier
 from paretolab.results.section import markdown_table
 from paretolab.stats import ARTIFACT, per_example_json
@@ -39,6 +39,15 @@ from .conftest import PIPELINE, _mlflow_params, _params
 ])
 def test_the_one_formatter(value, unit, text):
     assert number(value, unit) == text
+
+
+def test_an_interval_with_different_bounds_never_reads_as_zero_width():
+    """OMNISIFT's FLOPs ratio printed "×1.003 [×1.003, ×1.003]" beside "held": a reader takes that for the zero width that
+    means "no variation observed". Bounds that differ get the digits that tell them apart; equal ones stay as they are."""
+    assert interval_text(1.003, 1.00291, 1.00342) == "1.003 [1.0029, 1.0034]"
+    assert interval_text(20.3, 16.37, 25.17) == "20.3 [16.37, 25.17]"
+    assert interval_text(5.0, 5.0, 5.0) == "5 [5, 5]"
+    assert interval_text(1.5e6, 1.50001e6, 1.50002e6, "bytes") == "1.5 MB [1.50001 MB, 1.50002 MB]"
 
 
 def test_params_read_as_numbers_also_when_mlflow_kept_them_as_text():

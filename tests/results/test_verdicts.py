@@ -89,6 +89,17 @@ def test_a_log_scale_margin_means_the_ratio_written():
     assert one("equivalent", [1.1004, 1.1005, 1.1006]) == "Verdict: did not hold"
 
 
+def test_a_narrow_interval_on_a_verdict_line_never_reads_as_zero_width():
+    """OMNISIFT's prefill FLOPs: "held — ×1.003 [×1.003, ×1.003]" looked like the zero width that gets no verdict."""
+    trials = []
+    for seed, r in enumerate((1.00300, 1.00301, 1.00302)):
+        trials += [_trial(2 * seed, "a", "m", 10.0 * r, seed=seed), _trial(2 * seed + 1, "b", "m", 10.0, seed=seed)]
+    line = _verdicts(_lines([Claim("t", "m", "a", "b", "no_worse", ("seed",), margin=0.1, scale="log")], trials))[0]
+    low, high = line.split(" [")[1].split("]")[0].split(", ")
+    assert low != high, line
+    assert line.startswith("**Verdict: held** — m a ÷ b = ×1.00301 [×1.00299, ×1.00303]"), line
+
+
 def test_an_arm_spanning_an_unnamed_setting_gets_one_verdict_per_setting_not_a_pooled_one():
     """wanda vs magnitude over sparsity with no replicate: sparsity is a treatment setting, never a draw."""
     trials = []
