@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.errors import ConfigError
+from paretolab.measure.timing import MAX_LOAD
 from paretolab.results.extras import check_extras
 
 MANIFEST = Path("results") / "documents.yaml"
@@ -143,7 +144,6 @@ def study_state(root: Path, study: str) -> tuple[str, str]:
     return "current", ""
 
 
-MAX_LOAD = 1.0  # 1-min load average of other work a timed study tolerates: before it starts, and beside its own CPUs while it runs
 
 
 def busy_timing(root: Path, study: str, max_load: float) -> str:

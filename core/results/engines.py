@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from paretolab.measure.timing import MAX_LOAD
 from paretolab.plugin_api.numbers import interval_text, number
 from paretolab.results.noise import engine_ppl_gaps, with_interval
 
@@ -75,8 +76,6 @@ def _ratio_text(r: tuple[float, float, float] | None) -> str:
 def _load_owner(served: list[dict[str, Any]], most: float) -> str:
     """Whose load that was: the server's own threads and the load generator's on the machine's cores, within the
     other work a timed study tolerates (``MAX_LOAD``, the one threshold of `results status`), or other work's too."""
-    from paretolab.results.documents import MAX_LOAD
-
     cores = {str(c) for r in served if (c := (r.get("run_params") or {}).get("info.cores")) not in (None, "")}
     if len(cores) != 1:
         return "the machine's cores were not recorded, so other work may have shared it"
