@@ -125,7 +125,7 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     from paretolab.results.documents import bundle_path, expected_minutes, run_state, worst_case_minutes
     from paretolab.stores import resolve_stores
 
-    from paretolab.measure.timing import MAX_LOAD
+    from paretolab.results.load import MAX_LOAD
 
     if args.max_load is None:
         args.max_load = MAX_LOAD

@@ -59,9 +59,6 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine() or "unknown"
 
 
-MAX_LOAD = 1.0  # 1-min load average of other work a timed study tolerates: before it starts, and beside its own CPUs while it runs
-
-
 def machine_load() -> float:
     """The machine's 1-minute load average (``info.load_1m``: the larger of the trial's start and end), 0 where unknown.
 

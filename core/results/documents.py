@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.errors import ConfigError
-from paretolab.measure.timing import MAX_LOAD
+from paretolab.results.load import MAX_LOAD
 from paretolab.results.extras import check_extras
 
 MANIFEST = Path("results") / "documents.yaml"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.measure.timing import MAX_LOAD
+from paretolab.results.load import MAX_LOAD
 from paretolab.plugin_api.numbers import interval_text, number
 from paretolab.results.noise import engine_ppl_gaps, with_interval
 
