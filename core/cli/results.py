@@ -123,9 +123,8 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     from paretolab.errors import ConfigError
     from paretolab.results.bundle_stores import export_bundle
     from paretolab.results.documents import bundle_path, expected_minutes, run_state, worst_case_minutes
-    from paretolab.stores import resolve_stores
-
     from paretolab.results.load import MAX_LOAD
+    from paretolab.stores import resolve_stores
 
     if args.max_load is None:
         args.max_load = MAX_LOAD

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from paretolab.errors import ConfigError
-from paretolab.results.load import MAX_LOAD
 from paretolab.results.extras import check_extras
+from paretolab.results.load import MAX_LOAD
 
 MANIFEST = Path("results") / "documents.yaml"
 BUNDLES = Path("results") / "bundles"
@@ -142,8 +142,6 @@ def study_state(root: Path, study: str) -> tuple[str, str]:
     if isinstance(expected, int) and finished < expected:
         return "stale", f"bundle holds {finished} of {expected} trials"
     return "current", ""
-
-
 
 
 def busy_timing(root: Path, study: str, max_load: float) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.results.load import MAX_LOAD
 from paretolab.plugin_api.numbers import interval_text, number
+from paretolab.results.load import MAX_LOAD
 from paretolab.results.noise import engine_ppl_gaps, with_interval
 
 ENGINES = {"llama": "llama.cpp", "vllm": "vLLM"}  # the engine measure's prefixes, as the documents name them
