@@ -22,12 +22,12 @@ from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
 from paretolab.study.report_spec import Claim, parse_claims, parse_frontiers
 from paretolab.study.stages import Stage, check_composition, parse_stage
+from paretolab.data.names import check_name
 from paretolab.data.yaml_read import MAX_PIPELINE_BYTES, read_yaml_file
 from paretolab.tasks.held_out import check_calibration_corpus
 from paretolab.training.method import check_train_stages
 
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
@@ -136,9 +136,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     no_unknown(raw, TOP_KEYS, "")
     refuse_nan(raw, "")
-    name = require(raw, "name", str, "")
-    if not NAME_RE.match(name):
-        raise ConfigError(f"name: {name!r} must start with a letter or digit and use only letters, digits, _ . -")
+    name = check_name(require(raw, "name", str, ""), "name")
     if not isinstance(raw.get("description", ""), str):
         raise ConfigError(f"description: expected text, got {type(raw['description']).__name__}; write it as one string")
     models, prices = parse_models(raw.get("models"))
