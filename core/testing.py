@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import optuna
 import pytest
@@ -27,6 +27,8 @@ import torch
 
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.cost_claims import (  # noqa: F401  (held_bytes, needed_bits, size_shortfalls, observable_state: for plugins' tests)
+    LOSSLESS_TOLERANCE, PARAMETER_KINDS, held_bytes, needed_bits, observable_state, output_change, parameter_effects, size_shortfalls, weights_of)
 from paretolab.plugin_api.devices import tensors_default_to
 from paretolab.plugin_api.method import KINDS, Method
 from paretolab.plugin_api.subject import Subject
@@ -56,30 +58,11 @@ def logits_of(subject: Subject, text: str = "The quick brown fox jumps over the 
         return subject.model(input_ids=ids).logits.float()
 
 
-def held_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every distinct tensor the model keeps (parameters and buffers, shared ones once)."""
-    seen: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor is not None:
-            seen[tensor.data_ptr()] = max(seen.get(tensor.data_ptr(), 0), tensor.numel() * tensor.element_size())
-    return sum(seen.values())
-
-
 def reported_bytes(subject: Subject, ctx: TrialContext) -> int:
     """``size_bytes`` as the size measure reports it."""
     from paretolab.measure.measures import NoOptions, Size
 
     return int(Size().measure(subject, NoOptions(), ctx)["size_bytes"])
-
-
-def observable_state(subject: Subject) -> tuple[Any, ...]:
-    """What a method may change: the model's output, its modules and config, the generator, the tokenizer, the storage records, the training hooks."""
-    config = subject.model.config.to_dict() if hasattr(subject.model, "config") else {}
-    modules = tuple(type(m).__name__ for m in subject.model.modules())
-    hooks = tuple((type(h).__name__, h.method) for h in subject.training.hooks) if subject.training is not None else ()
-    router = id(subject.router) if subject.router is not None else None
-    info = tuple(sorted(k for k in subject.info if k in ("coder", "learner")))  # a coding or tabular method's choice
-    return (config, modules, id(subject.generator) if subject.generator is not None else None, id(subject.tokenizer), dict(subject.storage), hooks, router, info)
 
 
 def contract_settings(method: Method, measures: dict[str, dict[str, Any]] | None = None) -> list[Any]:
@@ -149,11 +132,10 @@ def check_tensor_devices(method: Method, subject: Subject, params: dict[str, Any
 class MethodContract:
     """Checks every method must pass. Override the ``method`` fixture.
 
-    ``changes_subject`` is True for every real method; only an identity (the ``none`` baseline)
-    sets it to False.
+    What a method is, it declares on itself, and the checks read it there: ``preserves_output`` (the identity, or the
+    same function on another schedule), ``lossless`` and ``lossless_setting``, ``inert_params``, ``causal``,
+    ``layerwise``, ``works_on``. A subclass only chooses the method, the subject and (for speed) the parameters.
     """
-
-    changes_subject: ClassVar[bool] = True
 
     @pytest.fixture
     def method(self) -> Method:
@@ -312,6 +294,8 @@ class MethodContract:
                              "scope's modules (iterate linear_weights(subject.model, scope=subject.scope)) or drop layerwise")
 
     def test_changes_the_subject(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        assert "changes_subject" not in dir(self), (
+            f"{type(self).__name__}.changes_subject: declare it on the method instead ({type(method).__name__}.preserves_output = True)")
         own = subject.copy()
         before_state, before_logits, before_size = observable_state(own), logits_of(own), reported_bytes(own, ctx)
         out = method.transform(own, dict(params), ctx)
@@ -320,11 +304,49 @@ class MethodContract:
             or not torch.equal(logits_of(out), before_logits)
             or reported_bytes(out, ctx) != before_size
         )
-        assert changed == self.changes_subject, (
-            f"transform() with {params} changed neither the model's output, its modules, config or size, nor the generator or tokenizer"
-            if self.changes_subject
-            else "this identity method changed the subject"
+        assert changed != method.preserves_output, (
+            f"{type(method).__name__}.preserves_output is True, but transform() with {params} changed the subject"
+            if method.preserves_output
+            else f"transform() with {params} changed neither the model's output, its modules, config or size, nor the generator or tokenizer"
         )
+
+    def test_every_parameter_changes_the_result(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        """A parameter the space declares changes the weights or the outputs between values far apart in its distribution,
+        and each result reports at least the bytes its values need (``cost_claims.parameter_effects``). A value the model
+        refuses (ConfigError: more key/value heads than it has) is passed over; ``inert_params`` are exempt."""
+        if method.kind not in PARAMETER_KINDS:
+            pytest.skip(f"a {method.kind} method's parameters act as it runs (training, decoding, fitting), not in transform")
+        failures = parameter_effects(method, subject, params, ctx, lambda out: (weights_of(out), logits_of(out), reported_bytes(out, ctx)))
+        assert not failures, "\n".join(failures)
+
+    def test_lossless_setting_keeps_the_output(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        """At its declared ``lossless_setting`` the method's logits are the base model's, within LOSSLESS_TOLERANCE."""
+        if not method.lossless_setting:
+            pytest.skip(f"{type(method).__name__} declares no lossless_setting")
+        setting = dict(method.lossless_setting)
+        change = output_change(logits_of(subject), logits_of(method.transform(subject.copy(), {**params, **setting}, ctx)))
+        assert change <= LOSSLESS_TOLERANCE, (
+            f"at its lossless setting {setting} the outputs changed by {change:.3g} (relative; at most {LOSSLESS_TOLERANCE:g} allowed)")
+
+    def test_size_covers_the_weights_information(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
+        """``size_bytes`` is at least what the weights' distinct values per group need, for simulated methods too."""
+        if method.kind in LEARNER_CONTRACT_TASKS:
+            pytest.skip("no language model: no weights to count")
+        out = method.transform(subject.copy(), dict(params), ctx)
+        short, reported, needed = size_shortfalls(out)
+        assert not short, f"reports {reported} bytes but its weights need at least {needed} (distinct values per group):\n" + "\n".join(short[:5])
+
+
+LEARNER_ENTRIES = {"paired_retrieval": "fit_pairs"}  # the learner's method its kind's task calls (default fit_predict)
+
+
+def _timed(metric: str) -> bool:
+    """A wall-clock timing or a ratio of timings: its unit is seconds or milliseconds, or it is a speedup."""
+    from paretolab.plugin_api.manager import registries
+
+    known = registries().metrics
+    unit = known.get(metric).unit if metric in known else ""
+    return unit in ("s", "ms") or metric.endswith("_speedup") or "_speedup_" in metric
 
 
 class LearnerMethodContract(MethodContract):
@@ -332,12 +354,9 @@ class LearnerMethodContract(MethodContract):
     ``sequence``): the subject is the kind's empty slot and the checks that read a language model's logits
     read the task's metrics instead (the task trains the learner for real).
 
-    Override ``method`` (and ``params`` to keep budgets small); ``timed`` names metrics that are wall-clock
-    timings, left out where two runs are compared; ``entry`` the learner's method the kind's task calls.
+    Override ``method`` (and ``params`` to keep budgets small). Timings (metrics in s or ms, speedups) are left out where
+    two runs are compared; the learner's entry point is its kind's (``LEARNER_ENTRIES``).
     """
-
-    timed: ClassVar[tuple[str, ...]] = ()
-    entry: ClassVar[str] = "fit_predict"
 
     @pytest.fixture
     def subject(self, method: Method) -> Subject:
@@ -351,14 +370,18 @@ class LearnerMethodContract(MethodContract):
         settings = TrialSettings("contract", method.kind, LEARNER_CONTRACT_TASKS[method.kind], {}, seed=seed)
         result = run_trial(subject, [StagePlan("stage0", method.name, dict(params))], settings, number=0)
         assert not result.failed, result.traceback
-        return {k: v for k, v in result.metrics.items() if not k.endswith("_s") and k not in ("peak_rss_mb", "energy_j", *self.timed)}
+        return {k: v for k, v in result.metrics.items() if not k.endswith("_s") and k not in ("peak_rss_mb", "energy_j") and not _timed(k)}
 
     def test_transform_leaves_a_runnable_model(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         out = method.transform(subject.copy(), dict(params), ctx)
-        assert isinstance(out, Subject) and hasattr(out.info.get("learner"), self.entry)
+        entry = LEARNER_ENTRIES.get(method.kind, "fit_predict")
+        assert isinstance(out, Subject) and hasattr(out.info.get("learner"), entry), f"the subject's learner has no {entry}()"
 
     def test_runs_as_a_trial(self, method: Method, subject: Subject, params: dict[str, Any]) -> None:
         metrics = self._metrics(method, subject, params)
+        if method.kind == "paired_retrieval":  # retrieval scores instead of acc / log_loss
+            assert all(0.0 <= metrics[k] <= 1.0 for k in ("ir_at_1", "tr_at_1", "r_at_1")) and metrics["pairs_kept"] >= 1
+            return
         assert 0.0 <= metrics["acc"] <= 1.0 and math.isfinite(metrics["log_loss"]) and metrics["models_trained"] >= 1
 
     def test_same_seed_same_model(self, method: Method, subject: Subject, params: dict[str, Any], tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ class Magnitude(Method):
 
     name = "magnitude"
     works_on = ("linear",)
+    lossless_setting = {"sparsity": 0.0}  # nothing pruned
     kind = "weights"
     layerwise = True
     paper = Paper("Learning both Weights and Connections for Efficient Neural Networks", "NeurIPS 2015", "https://arxiv.org/abs/1506.02626")
@@ -77,6 +78,7 @@ class RTN(Method):
 
     name = "rtn"
     works_on = ("linear",)
+    lossless_setting = {"bits": 16}  # a 16-bit grid per group: below the logits' tolerance
     kind = "weights"
     layerwise = True
     paper = Paper("Round-to-nearest weight quantization (standard baseline)", "", "")

@@ -150,6 +150,7 @@ class UPipe(Method):
     kind = "training"
     paper = PAPER
     cost_is = "real"  # the act_memory measure reads the step's own peak memory and time
+    preserves_output = True  # the same function, computed a chunk of heads at a time
 
     def search_space(self) -> dict[str, Any]:
         return {"kv_heads_per_chunk": IntDistribution(1, 32), "recompute": CategoricalDistribution([True, False])}

@@ -47,6 +47,7 @@ class Wanda(Method):
 
     name = "wanda"
     works_on = ("linear",)
+    lossless_setting = {"sparsity": 0.0}  # nothing pruned
     kind = "weights"
     paper = PAPER
     cost_is = "simulated"

@@ -56,6 +56,18 @@ class Method:
     # True for a method whose saving leaves the output exactly the base model's (a lossless format); the contract suite
     # then checks that equality, and otherwise that a method reporting a saving changes what the model computes.
     lossless: ClassVar[bool] = False
+    # The parameters at which this method leaves the output the base model's (RTN at ``{"bits": 16}``, pruning at
+    # ``{"sparsity": 0.0}``; empty: no such setting). The contract suite applies them over its parameters and checks
+    # that the logits stay within a tight tolerance of the base model's.
+    lossless_setting: ClassVar[dict[str, Any]] = {}
+    # True for a method that changes nothing a trial can observe in its subject: the identity, or one that computes
+    # the same function on another schedule (UPipe's attention a chunk of heads at a time). The contract suite then
+    # checks that its transform leaves the output, modules, config, size and generator as they were.
+    preserves_output: ClassVar[bool] = False
+    # Parameters of the search space whose two far-apart values may give the same model on a small one, each with the
+    # reason (a seed, a knob that only acts on long inputs): the contract's check that every parameter changes the
+    # result skips them. Every other parameter must change the weights or the outputs when it changes.
+    inert_params: ClassVar[dict[str, str]] = {}
     # False only for a method whose output at a position reads later tokens by design (a prefill that selects tokens
     # by the prompt's last queries): the contract's causality check is then skipped, and says so.
     causal: ClassVar[bool] = True
@@ -109,6 +121,10 @@ class Method:
             "metrics": list(self.metrics),
             **({"works_on": list(self.works_on)} if self.works_on else {}),
             **({"replaces": list(self.replaces)} if self.replaces else {}),
+            **({"lossless": True} if self.lossless else {}),
+            **({"lossless_setting": dict(self.lossless_setting)} if self.lossless_setting else {}),
+            **({"preserves_output": True} if self.preserves_output else {}),
+            **({"inert_params": dict(self.inert_params)} if self.inert_params else {}),
             "search_space": {k: _describe_distribution(d) for k, d in self.search_space().items()},
         }
 
@@ -119,6 +135,7 @@ class NoMethod(Method):
     name = "none"
     kind = "weights"
     cost_is = "real"
+    preserves_output = True  # the identity
 
     def transform(self, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> Subject:
         return subject
@@ -144,6 +161,13 @@ def validate_method(method: object, owner: str) -> None:
     for key, dist in space.items():
         if not isinstance(dist, BaseDistribution):
             raise PluginError(f"{where}: search_space()[{key!r}] must be an optuna distribution, got {dist!r}")
+    if not isinstance(method.lossless_setting, dict):
+        raise PluginError(f"{where}: lossless_setting must be a dict of parameters, got {method.lossless_setting!r}")
+    for key, reason in dict(method.inert_params).items():
+        if key not in space:
+            raise PluginError(f"{where}: inert_params names {key!r}, which is not in search_space()")
+        if not isinstance(reason, str) or not reason.strip():
+            raise PluginError(f"{where}: inert_params[{key!r}] must say why the parameter may change nothing on a small model")
 
 
 def _describe_distribution(dist: Any) -> str:

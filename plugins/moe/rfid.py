@@ -171,6 +171,9 @@ class SvdMoe(RfidMoe):
     name = "svd_moe"
     paper = Paper("Uniform-rank SVD of each expert (the baseline of RFID-MoE)", "", "https://arxiv.org/abs/2602.09316")
     fixed = {"alloc": "uniform", "residual": 0.0}
+    # alpha weighs routing frequency against information density in the fused allocation, which svd_moe never uses;
+    # it stays in the space so that a pipeline pairs its trials with rfid_moe's on the same alpha (pipelines/moe_rfid.yaml)
+    inert_params = {"alpha": "only alloc='fused' reads it; svd_moe's allocation is uniform (kept to pair trials with rfid_moe's)"}
 
 
 @torch.no_grad()

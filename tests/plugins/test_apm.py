@@ -122,12 +122,8 @@ def test_the_hits_stored_per_query_give_back_the_reported_metrics():
         assert samples(payload, name).value() == pytest.approx(metrics[name]), name
 
 
-class _Contract(LearnerMethodContract):
-    entry = "fit_pairs"
-
-    def test_runs_as_a_trial(self, method, subject, params) -> None:  # retrieval scores instead of acc / log_loss
-        metrics = self._metrics(method, subject, params)
-        assert all(0.0 <= metrics[k] <= 1.0 for k in ("ir_at_1", "tr_at_1", "r_at_1")) and metrics["pairs_kept"] >= 1
+class _Contract(LearnerMethodContract):  # the kind's entry (fit_pairs) and retrieval scores are the suite's own
+    pass
 
 
 class TestAPMContract(_Contract):

@@ -24,8 +24,6 @@ class TestRTNContract(MethodContract):
 
 
 class TestNoneContract(MethodContract):
-    changes_subject = False  # the identity
-
     @pytest.fixture
     def method(self):
         return NoMethod()

@@ -16,8 +16,6 @@ from paretolab.plugins.coda.learners import NetLearner
 from paretolab.tasks.sequence import SequenceOptions, generate, load_sequences
 from paretolab.testing import LearnerMethodContract
 
-TIMED = ("train_step_ms", "infer_ms", "train_speedup", "infer_speedup")
-
 
 def _rk4_path(f, v: torch.Tensor, span: float, steps: int) -> torch.Tensor:
     h = span / steps
@@ -101,8 +99,6 @@ def test_the_sequence_task_without_a_learner_says_which_stage_to_add():
 
 
 class TestLTCContract(LearnerMethodContract):
-    timed = TIMED
-
     @pytest.fixture
     def method(self) -> LTCMethod:
         return LTCMethod()
@@ -113,8 +109,6 @@ class TestLTCContract(LearnerMethodContract):
 
 
 class TestCoDAContract(LearnerMethodContract):
-    timed = TIMED
-
     @pytest.fixture
     def method(self) -> CoDAMethod:
         return CoDAMethod()

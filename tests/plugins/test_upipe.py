@@ -97,8 +97,6 @@ def test_chunks_hold_whole_key_value_groups_and_zero_is_refused(tiny, ctx):
 
 
 class TestUPipeContract(MethodContract):
-    changes_subject = False  # the same function, computed a chunk of heads at a time
-
     @pytest.fixture
     def method(self) -> UPipe:
         return UPipe()
