@@ -10,6 +10,7 @@ import argparse
 from paretolab.cli.catalog import cmd_models_list, cmd_models_pull, cmd_plugins
 from paretolab.cli.export import cmd_export
 from paretolab.cli.manage import cmd_check, cmd_studies
+from paretolab.cli.numbers import MAX_TRIALS, number, whole
 from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "validates a pipeline without running it."
     ))
     run.add_argument("pipeline", help="path to a pipeline YAML (docs/guides/pipelines.md; every field: the site's pipeline reference)")
-    run.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    run.add_argument("--trials", type=whole(1, MAX_TRIALS), help="total trials the study should hold (overrides search.trials)")
     run.add_argument("--address", help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray")
     run.add_argument("--resume", action="store_true", help="continue a study that already has trials")
     run.add_argument("--retry-failed", action="store_true", help="with --resume: run the parameters of failed trials again (e.g. after a crash killed them)")
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "no Ray, loads no model, writes no store. Exit code 0 when `run` would start, 2 with `run`'s one-line error when not."
     ))
     check.add_argument("pipeline", help="path to a pipeline YAML")
-    check.add_argument("--trials", type=int, help="the --trials you would give `run` (a grid refuses any other count than its size)")
+    check.add_argument("--trials", type=whole(1, MAX_TRIALS), help="the --trials you would give `run` (a grid refuses any other count than its size)")
     _store_flags(check)
     check.set_defaults(func=cmd_check)
 
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     ))
     submit.add_argument("pipeline", help="path to a pipeline YAML")
     submit.add_argument("--address", help="the Ray head's dashboard URL, e.g. http://HEAD:8265 (env RAY_ADDRESS)")
-    submit.add_argument("--trials", type=int, help="total trials the study should hold (overrides search.trials)")
+    submit.add_argument("--trials", type=whole(1, MAX_TRIALS), help="total trials the study should hold (overrides search.trials)")
     submit.add_argument("--storage", help="Optuna storage URL for the job (no password in it; see --help)")
     submit.add_argument("--tracking-uri", help="MLflow tracking URI for the job (an MLflow server reachable from the cluster)")
     submit.add_argument("--no-code", action="store_true", help="use the paretolab and plugins installed on the cluster instead of shipping this machine's")
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         if action in ("list", "status"):
             jp.add_argument("--json", action="store_true", help="machine-readable output")
         if action == "stop":
-            jp.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to end (default 30; 0: do not wait)")
+            jp.add_argument("--wait", type=number(0, 86400), default=30.0, help="seconds to wait for the job to end (default 30; 0: do not wait)")
         jp.set_defaults(func=cmd_jobs)
 
     plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
@@ -157,18 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
         "held-out top-1 agreement per draft step and the accepted length for k = 1..6 drafts, kept in the draft's curve."
     ))
     dtrain.add_argument("--model", default="smollm2-135m", help="target model (default smollm2-135m)")
-    dtrain.add_argument("--budget-min", type=float, default=15.0, help="minutes of training in this run (default 15; data not included)")
+    dtrain.add_argument("--budget-min", type=number(0, 7 * 24 * 60, above=True), default=15.0, help="minutes of training in this run (default 15; data not included)")
     dtrain.add_argument("--data", choices=("self", "corpus"), default="self",
                         help="self: the target's own greedy continuations of training prompts (default); corpus: corpus windows")
     dtrain.add_argument("--prompt-sets", default="", help="--data self: comma-separated prompt sets (gsm8k, arithmetic, or a corpus "
                         "such as wikitext2, pydoc); default: gsm8k,wikitext2,arithmetic,pydoc, those whose data is here")
-    dtrain.add_argument("--prompts", type=int, default=1024, help="--data self: training prompts over all sets (default 1024)")
-    dtrain.add_argument("--new-tokens", type=int, default=128, help="--data self: greedy tokens per prompt (default 128)")
+    dtrain.add_argument("--prompts", type=whole(1), default=1024, help="--data self: training prompts over all sets (default 1024)")
+    dtrain.add_argument("--new-tokens", type=whole(1), default=128, help="--data self: greedy tokens per prompt (default 128)")
     dtrain.add_argument("--corpus", default="pydoc", help="--data corpus: training corpus; its last 10%% is held out for prompts (default pydoc)")
-    dtrain.add_argument("--tokens", type=int, default=16384, help="--data corpus: target tokens whose hidden states are cached (default 16384)")
-    dtrain.add_argument("--seq-len", type=int, default=256, help="training window in tokens (default 256)")
-    dtrain.add_argument("--vocab", type=int, default=4096, help="draft vocabulary: the target's most frequent tokens (default 4096)")
-    dtrain.add_argument("--ttt-steps", type=int, default=3, help="training-time-test rollout steps (default 3)")
+    dtrain.add_argument("--tokens", type=whole(1), default=16384, help="--data corpus: target tokens whose hidden states are cached (default 16384)")
+    dtrain.add_argument("--seq-len", type=whole(2), default=256, help="training window in tokens (default 256)")
+    dtrain.add_argument("--vocab", type=whole(1), default=4096, help="draft vocabulary: the target's most frequent tokens (default 4096)")
+    dtrain.add_argument("--ttt-steps", type=whole(1, 64), default=3, help="training-time-test rollout steps (default 3)")
     dtrain.add_argument("--fresh", action="store_true", help="start over instead of continuing an existing draft")
     dtrain.add_argument("--if-missing", action="store_true", help="do nothing when the model already has a draft (the results targets' way)")
     dtrain.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  paretolab export demo 7 --out demo-7\n"
         "  paretolab export fp32_base 0 --out base --save-as my-base   and use `model: my-base` in a pipeline"))
     export.add_argument("study", help="study name (the pipeline's `name`)")
-    export.add_argument("trial", type=int, help="trial number (the `trial` column of `paretolab frontier`)")
+    export.add_argument("trial", type=whole(0), help="trial number (the `trial` column of `paretolab frontier`)")
     export.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist unless --force)")
     export.add_argument("--force", action="store_true", help="replace DIR if it exists")
     export.add_argument("--save-as", metavar="NAME", help="also keep the model as a model source NAME (`paretolab models list`; `model: NAME` in a pipeline)")
@@ -234,16 +235,22 @@ def build_parser() -> argparse.ArgumentParser:
     bsub.required = True
     bexport = bsub.add_parser("export", help="write studies from the stores to a bundle file", description=(
         "Write the named studies, whole, to FILE (its name ends in .jsonl.gz; written to a temporary file and renamed, "
-        "so an interrupted export leaves nothing). The stores are only read."))
+        "so an interrupted export leaves nothing). The stores are only read. A study named twice is written once; a study "
+        "still running is exported as it stands, its running trials unfinished, with a warning on stderr saying how many."))
     bexport.add_argument("studies", nargs="+", help="study names")
     bexport.add_argument("--out", required=True, metavar="FILE", help="the bundle to write (FILE.jsonl.gz; replaced if it exists)")
     _store_flags(bexport)
     bimport = bsub.add_parser("import", help="load a bundle's studies into stores, without rerunning", description=(
         "Load every study of FILE into the stores (created if missing). A study of the same name already there is refused; "
         "--as gives a one-study bundle another name. Trials keep their numbers, states, params, values and dates; their "
-        "MLflow runs get new ids."))
+        "MLflow runs get new ids. The file is checked whole first (a bundle is untrusted input: its size, names, artifact "
+        "paths and every record), and nothing is written if it fails. All or nothing: an import stopped by Ctrl-C, SIGTERM or an "
+        "error removes what it wrote; one killed outright leaves its study marked partial, which `report` and `frontier` "
+        "refuse and --resume removes and imports again."))
     bimport.add_argument("file", help="a bundle written by `paretolab bundle export`")
     bimport.add_argument("--as", dest="as_name", metavar="NAME", help="import a one-study bundle under another name")
+    bimport.add_argument("--resume", action="store_true", help="a study left partial by an interrupted import of FILE: remove it "
+                         "and import it again")
     _store_flags(bimport)
     bundle.set_defaults(func=cmd_bundle)
 
@@ -273,10 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--dry-run", action="store_true", help="say what would run, and for how long, then stop")
             r.add_argument("--no-progress", action="store_true", help="no progress bars")
             r.add_argument("--home", help="the results store (default ROOT/results/.store; kept between sittings so a study resumes)")
-            r.add_argument("--max-load", type=float, metavar="L",
+            r.add_argument("--max-load", type=number(0, 10_000), metavar="L",
                            help="a timed study starts only once the machine's 1-min load average is at most L (default 1); "
                                 "a bundle timed while other work pushed the load past its own CPUs plus L is timed again")
-            r.add_argument("--wait-min", type=float, default=30.0, metavar="M",
+            r.add_argument("--wait-min", type=number(0, 7 * 24 * 60), default=30.0, metavar="M",
                            help="how long to wait for that before stopping with an error (default 30 minutes)")
             r.add_argument("--busy-ok", action="store_true",
                            help="time anyway on a busy machine (each trial records the load; the documents print it)")
@@ -312,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Ray cluster. It only reads the stores. Bound to 127.0.0.1 unless --host says otherwise."
     ))
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
-    dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dashboard.add_argument("--port", type=whole(1, 65535), default=8501, help="port (default 8501)")
     dashboard.add_argument("--address", help="Ray cluster address for the Cluster page (env PARETOLAB_RAY_ADDRESS); default: local")
     _store_flags(dashboard)
     dashboard.set_defaults(func=cmd_dashboard)

@@ -24,6 +24,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = validated_spec(args.pipeline, address=args.address, trials=args.trials, log=lambda *_: None)  # the same checks as `check`
     stores = stores_from_flags(args, create=True)
+    from paretolab.stores.open import require_server
+
+    for what, url in (("Optuna", stores.optuna_url), ("MLflow", stores.tracking_uri)):
+        require_server(what, url)  # both stores answer before either is written: no empty study left by an MLflow that does not
     outcome = run_study(spec, stores=stores, address=args.address, resume=args.resume, trials=args.trials, retry_failed=args.retry_failed,
                         from_study=args.from_study, progress=not args.no_progress, pipeline=args.pipeline)
     rows = frontier_rows(spec.name, stores)

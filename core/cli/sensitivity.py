@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from paretolab.cli.numbers import number, whole
 from paretolab.errors import ConfigError
 
 
@@ -71,8 +72,8 @@ def add_parser(sub: Any) -> None:
                    help="a group of your own instead of --by (repeatable): 'attention', '0-9 mlp', 'each 0-29 down_proj', ...")
     p.add_argument("--task", nargs="*", metavar="NAME=VALUE", help="perplexity options over the defaults "
                    "(corpus=pydoc max_tokens=4096 context=512 stride=512), e.g. corpus=wikitext2 max_tokens=8192")
-    p.add_argument("--budget-mb", type=float, metavar="MB", help="also give the greedy assignment under this size_bytes budget (MB = 1e6 bytes)")
-    p.add_argument("--seed", type=int, default=0, help="the seed of every stage (as a trial's)")
+    p.add_argument("--budget-mb", type=number(0, 10**9, above=True), metavar="MB", help="also give the greedy assignment under this size_bytes budget (MB = 1e6 bytes)")
+    p.add_argument("--seed", type=whole(0, 2**31 - 1), default=0, help="the seed of every stage (as a trial's)")
     p.add_argument("--out", metavar="DIR", help="where to write (default sensitivity-MODEL-METHOD)")
     p.add_argument("--force", action="store_true", help="replace DIR if an earlier sensitivity run wrote it")
     p.set_defaults(func=cmd_sensitivity)

@@ -73,7 +73,7 @@ class LlamaEngine:
         missing = [f"{what} ({path})" for what, path in (("llama-cpp-python's Python", python), ("the GGUF converter", converter))
                    if not path.exists()]
         if missing:
-            raise EngineUnavailable(f"engine 'llama' is not installed: missing {' and '.join(missing)}; run `make engines` "
+            raise EngineUnavailable(f"engine 'llama' is not installed: missing {' and '.join(missing)}; run `make engines-llama` "
                                     "(or set PARETOLAB_ENGINES / PARETOLAB_LLAMA_PYTHON / PARETOLAB_LLAMA_CONVERTER)")
         if (converter.parent / "conversion").is_dir() and importlib.util.find_spec("sentencepiece") is None:
             # llama.cpp's converter (its `conversion/` package) runs in this Python and imports sentencepiece for Llama models

@@ -162,6 +162,12 @@ class Engine(Measure):
     options = EngineOptions
     default = False
 
+    def check_here(self, options: EngineOptions) -> None:
+        """Refuse, before any trial (`check` and `run`), an engine asked for that is not installed on this machine:
+        every trial would fail on it. EngineUnavailable names the engine and the make target that installs it."""
+        for e in [options.engine] if isinstance(options.engine, str) else options.engine:
+            LlamaEngine.find() if e == "llama" else VllmEngine.find()
+
     def measure(self, subject: Subject, options: EngineOptions, ctx: TrialContext) -> dict[str, float]:
         out: dict[str, float] = {}
         for e in [options.engine] if isinstance(options.engine, str) else options.engine:

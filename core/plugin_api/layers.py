@@ -34,6 +34,7 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SPAN = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+MAX_LAYERS = 512  # decoder layers a selector may name (indices 0-511): far past any model's, and bounded work for any text
 HELP = ("a selector like 'attention', 'mlp', 'down_proj', '0-9', '12', '0-3 27-29', '0-9 mlp' or 'each 0-29' "
         "(one group per layer); see the pipeline reference, `layers:`")
 
@@ -110,6 +111,11 @@ def parse_selector(text: object, where: str) -> list[Selector]:
         layers = set()
         for part in span.split(","):
             low, high = _RANGE.match(part).groups()
+            for number in (low, high):  # judged before int() or range(): `each 0-99999999999999999999` is refused, not built
+                if number is not None and (len(number) > 12 or int(number) >= MAX_LAYERS):
+                    shown = number if len(number) <= 40 else f"{number[:20]}...({len(number)} digits)"
+                    raise ConfigError(f"{where}: {shown} is past the last layer a selector may name ({MAX_LAYERS - 1}); "
+                                      f"give layer numbers of the model (from 0), e.g. 'each 0-29'")
             first, last = int(low), int(high if high is not None else low)
             if first > last:
                 raise ConfigError(f"{where}: {text!r}: the range {part} runs backwards; write {last}-{first}")

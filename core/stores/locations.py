@@ -51,6 +51,8 @@ def resolve_stores(*, home: str | None = None, optuna_url: str | None = None, tr
     artifact_root = os.environ.get(ARTIFACT_ENV) or config.get("artifact_root")
     if (not optuna_url or not tracking_uri) and create:
         _make_home(root)
+    elif (not optuna_url or not tracking_uri) and root.exists() and not root.is_dir():  # read-only commands too: not "no studies yet"
+        raise ConfigError(f"--home {root}: is a file, not a folder; point --home (or {STORE_DIR_ENV}) at a folder")
     if not optuna_url:
         optuna_url = f"sqlite:///{root / 'optuna.db'}"
     if not tracking_uri:
@@ -92,6 +94,11 @@ def read_config() -> dict[str, str]:
 
 
 PASSWORD_KEYS = ("password", "passwd", "pwd")  # query parameters libpq and the drivers read as a password
+# In free text (an error of SQLAlchemy, MLflow, requests or a driver that quotes the URL it was given): the user info of
+# any URL (``scheme://user:secret@``, greedy up to the last @ of the word: a password may hold @ or /) and any
+# ``password=...`` (a URL's query, a libpq DSN).
+_USERINFO_IN_TEXT = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:'\"<>]*):(?P<secret>[^\s'\"<>]*)@")
+_PASSWORD_IN_TEXT = re.compile(r"(?i)(?P<head>\b(?:" + "|".join(PASSWORD_KEYS) + r")\s*=\s*)(?P<secret>[^&\s'\",;)]+)")
 
 
 def has_password(url: str) -> bool:
@@ -123,3 +130,79 @@ def redact(url: str) -> str:
             query = re.sub(rf"(^|&)({re.escape(key)})=[^&]*", r"\1\2=***", query)
         shown += "?" + query
     return shown
+
+
+def redact_text(text: object) -> str:
+    """``text`` with the password of every URL in it masked (``http://user:***@host``, ``password=***``): for any message
+    or log line that may quote a store's URL (an error from SQLAlchemy, MLflow, requests or a database driver)."""
+    text = str(text)
+    if "@" not in text and "=" not in text:
+        return text
+    text = _USERINFO_IN_TEXT.sub(lambda m: f"{m['head']}:***@" if m["secret"] != "***" else m[0], text)
+    return _PASSWORD_IN_TEXT.sub(lambda m: f"{m['head']}***", text)
+
+
+def _redact_record(record: Any) -> None:
+    """A log record, its message and any traceback it carries, with passwords masked (in place)."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a record whose arguments do not format: logging reports that itself
+        return
+    clean = redact_text(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+        import traceback
+
+        shown = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if redact_text(shown) != shown:
+            record.exc_text = redact_text(shown)
+
+
+class RedactingFilter:
+    """A logging filter that masks passwords in every record it sees (attached to a logger or a handler)."""
+
+    def filter(self, record: Any) -> bool:
+        _redact_record(record)
+        return True
+
+
+_installed = False
+
+
+def install_redaction(loggers: tuple[str, ...] = ("paretolab", "mlflow", "optuna", "sqlalchemy", "alembic", "urllib3")) -> None:
+    """From now on, no log line, warning or uncaught traceback of this process shows a password given in a URL.
+
+    Every log record is redacted as it is made (a record factory: MLflow's loggers and their handlers included,
+    whenever they were configured), a filter guards the named loggers and their handlers as well, warnings are
+    formatted redacted, and an uncaught exception's traceback is printed redacted. Idempotent."""
+    global _installed
+    import logging
+    import sys
+    import warnings
+
+    for name in loggers:
+        logger = logging.getLogger(name)
+        for target in (logger, *logger.handlers):
+            if not any(isinstance(f, RedactingFilter) for f in target.filters):
+                target.addFilter(RedactingFilter())
+    if _installed:
+        return
+    _installed = True
+    make_record = logging.getLogRecordFactory()
+
+    def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        _redact_record(record)
+        return record
+
+    logging.setLogRecordFactory(redacted_record)
+    format_warning = warnings.formatwarning
+    warnings.formatwarning = lambda *args, **kwargs: redact_text(format_warning(*args, **kwargs))  # type: ignore[assignment]
+    if sys.excepthook is sys.__excepthook__:
+        def redacted_hook(kind: Any, value: Any, tb: Any) -> None:
+            import traceback
+
+            sys.stderr.write(redact_text("".join(traceback.format_exception(kind, value, tb))))
+
+        sys.excepthook = redacted_hook

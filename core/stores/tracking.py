@@ -26,8 +26,11 @@ class Tracker:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # a link per trial drowns the job log
         from mlflow.tracking import MlflowClient
 
-        for name in ("alembic", "mlflow", "mlflow.store.db.utils"):
+        for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # MLflow logs a database error with its whole traceback (45 lines on a full disk) before raising it; the
+        # error it raises reaches the driver, which says it in one line (stores.open.store_problem): not twice.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
         from paretolab.stores.mlflow_schema import seed_sqlite_store
         from paretolab.stores.open import guarded, sqlite_file

@@ -29,16 +29,41 @@ def validated_spec(path: str, *, address: str | None = None, trials: int | None 
 
         for name in dict.fromkeys([spec.model, *spec.models.values()]):
             check_model(name)
+        check_measures_here(spec)
     planned_trials(spec, trials, log)
     return spec
 
 
+def check_measures_here(spec: StudySpec) -> None:
+    """A measure that cannot run on this machine (``Measure.check_here``: the engine measure's engine not installed) is
+    refused now, in one line naming what to install, not found failing in every trial."""
+    from paretolab.plugin_api.manager import registries
+    from paretolab.plugin_api.options import parse_options
+
+    regs = registries()
+    for name, raw in (spec.measures or {}).items():
+        measure = regs.measures.get(name)
+        check = getattr(measure, "check_here", None)
+        if check is not None:
+            try:
+                check(parse_options(measure.options, raw, where=f"measures.{name}"))
+            except ConfigError as exc:
+                raise ConfigError(f"measures.{name}: {exc}") from None
+
+
 def planned_trials(spec: StudySpec, trials: int | None, log: Any = print) -> tuple[list[dict[str, Any]] | None, int]:
     """(a grid's points or None, the trials this run plans): a grid runs each of its points once, so its size is the count."""
-    from paretolab.study.search import grid_points
+    from paretolab.study.search import grid_points, space_size
+    from paretolab.study.spec import MAX_TRIALS
 
+    if trials is not None and not 1 <= trials <= MAX_TRIALS:
+        raise ConfigError(f"--trials {trials}: give a whole number of trials from 1 to {MAX_TRIALS}")
     if spec.search.sampler != "grid":
         return None, trials or spec.search.trials
+    size = space_size(spec)  # counted, not built: a grid of 10^12 points is refused before one is made
+    if size is not None and size > MAX_TRIALS:
+        raise ConfigError(f"search.sampler grid: the space has {size} points, more than the {MAX_TRIALS} trials a study may plan; "
+                          "give fewer values or a coarser `step`, or use another sampler")
     points = grid_points(spec)
     if trials is not None and trials != len(points):
         raise ConfigError(f"--trials {trials}: a grid study runs each of its {len(points)} points once; drop --trials")
@@ -126,7 +151,7 @@ def _values(dist: Any) -> str:
 def _store_lines(spec: StudySpec, path: str, stores: Any, count: int) -> list[str]:
     """The stores a run would write and what they hold of this study, read without writing (a missing store stays missing)."""
     from paretolab.stores.open import exists, guarded, optuna_storage
-    from paretolab.study.optuna_study import check_same_pipeline, finished_count
+    from paretolab.study.optuna_study import check_same_pipeline, finished_count, refuse_twin
 
     shown = stores.redacted()
     lines = [f"stores: Optuna {shown.optuna_url}, MLflow {shown.tracking_uri}"]
@@ -140,6 +165,7 @@ def _store_lines(spec: StudySpec, path: str, stores: Any, count: int) -> list[st
             study = guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=spec.name, storage=storage))
         except KeyError:
             study = None
+            refuse_twin(spec.name, storage, stores)  # `run` would refuse to create it beside its Unicode twin: so does `check`
     if study is None:
         return [*lines, f"  no study {spec.name!r} there yet: `paretolab run {path}` starts it"]
     check_same_pipeline(spec, study, stores)  # `run` refuses a changed pipeline under the same name: so does `check`

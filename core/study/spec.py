@@ -28,6 +28,8 @@ from paretolab.tasks.held_out import check_calibration_corpus
 from paretolab.training.method import check_train_stages
 
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
+MAX_TRIALS = 100_000  # trials one study may plan (search.trials, --trials, a grid's size): bounded work for any pipeline
+MAX_TRIAL_TIMEOUT_S = 30 * 24 * 3600.0  # a trial's time limit: finite, at most 30 days
 MAX_SEED = 2**31 - 1  # numpy's and every sampler's seed range, with room for seed + trial number
 # Top-level keys and search settings that do not change a trial's result: left out of the hash that
 # guards --resume, so editing them does not turn a study into "a different pipeline".
@@ -273,12 +275,15 @@ def _parse_search(raw: Any, stages: tuple[Stage, ...], regs: Any) -> SearchSpec:
     trials = raw.get("trials", 12)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ConfigError(f"search.trials: expected a positive integer, got {trials!r}")
+    if trials > MAX_TRIALS:
+        raise ConfigError(f"search.trials: {trials} is more than the {MAX_TRIALS} trials a study may plan; give at most {MAX_TRIALS}")
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"search.seed: expected an integer from 0 to {MAX_SEED}, got {seed!r}")
     timeout = raw.get("trial_timeout_s", 600)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ConfigError(f"search.trial_timeout_s: expected a positive number of seconds, got {timeout!r}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_TRIAL_TIMEOUT_S:
+        raise ConfigError(f"search.trial_timeout_s: expected a positive number of seconds, at most {MAX_TRIAL_TIMEOUT_S:g} (30 days), "
+                          f"got {timeout!r}")
     population = raw.get("population_size")
     if population is not None and (not isinstance(population, int) or isinstance(population, bool) or population < 2):
         raise ConfigError(f"search.population_size: expected an integer >= 2, got {population!r}")

@@ -34,6 +34,7 @@ class Range:
 
 
 ParamSpec = Fixed | Choices | Range
+MAX_GROUPS = 1024  # layer groups in one stage: each is its own parameters, checked pairwise for overlap
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,9 @@ def _parse_layers(method: Any, raw: Any, where: str) -> tuple[LayerGroup, ...]:
             raise ConfigError(f"{at}: expected this group's parameters, like {{bits: [2, 3, 4]}}, or `keep`; got {value!r}")
         groups += [LayerGroup(sel.name, params, keep=value == "keep") for sel in found]
         selectors += found
+        if len(selectors) > MAX_GROUPS:
+            raise ConfigError(f"{at}: {len(selectors)} layer groups in one stage, more than the {MAX_GROUPS} a stage may give "
+                              "(each group is its own searched parameters); use wider ranges ('0-9 mlp') instead of 'each'")
     check_disjoint(selectors, where)
     if not selectors:
         raise ConfigError(f"{where}: `rest: keep` alone leaves every module as it is; name at least one group ({HELP})")
@@ -284,6 +288,8 @@ def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
             return f"is not an integer; give an integer like {', '.join(map(repr, choices))}"
         if all(is_number(c) for c in choices) and not is_number(value):
             return f"is not a number; give a number like {', '.join(map(repr, choices))}"
+        if all(is_number(c) for c in choices) and is_number(value):
+            return _sign_problem(value, choices)
         return None  # numeric choices are the method's default search space, not its validity range: the method checks the value
     if default is None or value is None:
         return None
@@ -295,6 +301,20 @@ def _value_problem(value: Any, dist: Any, default: Any) -> str | None:
         else ("", True)
     )
     return None if expected[1] else f"is not {expected[0]} (the default is {default!r}); give {expected[0]}"
+
+
+def _sign_problem(value: Any, choices: list[Any]) -> str | None:
+    """A number of the wrong sign for numeric choices: other numbers than the listed ones are allowed (rtn.bits: 5), but
+    where every choice is positive (bits, group sizes, ranks) zero and negatives are refused, but for those listed as
+    special values (rtn.group_size's -1: a whole row): every trial would fail on them (or, worse, run)."""
+    if not any(c > 0 for c in choices) or value > 0:
+        return None
+    special = sorted({c for c in choices if c <= 0})
+    if value in special:
+        return None
+    listed = ", ".join(map(repr, choices))
+    allowed = "a number greater than 0" + (f" or {' or '.join(map(repr, special))}" if special else "")
+    return f"is outside the method's search space ({listed}: other values are allowed, but only {allowed}); give {allowed}"
 
 
 def _parse_param(value: Any, where: str) -> ParamSpec:

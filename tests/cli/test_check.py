@@ -32,7 +32,8 @@ def test_every_shipped_pipeline_passes_check_or_names_what_to_make_first(tmp_pat
             assert out.startswith(f"pipeline {path}: valid") and "nothing was run" in out, out
             passed.append(path.name)
             continue
-        assert rc == 2 and (SAVED_ELSEWHERE in err or NOT_PULLED in err), f"{path.name}: {err}"
+        no_engine = "measures.engine: engine " in err and "is not installed" in err and "make engines-" in err  # issue 69
+        assert rc == 2 and (SAVED_ELSEWHERE in err or NOT_PULLED in err or no_engine), f"{path.name}: {err}"
         if SAVED_ELSEWHERE in err:  # names the shipped pipeline to run first, and that one passes
             first = Path(err.split(SAVED_ELSEWHERE, 1)[1].split()[0])
             assert first.is_file() and check(first, tmp_path, capsys)[0] == 0, err
