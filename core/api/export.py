@@ -6,7 +6,9 @@ is compared with the recorded one (within the recorded interval, or by how much 
 directory holds ``model.safetensors`` + ``config.json`` (``AutoModelForCausalLM.from_pretrained``),
 the tokenizer, ``paretolab.json`` (pipeline, stages, params, metrics, provenance, sizes) and, where
 a method has a compact format, ``compact/`` (see :mod:`paretolab.api.compact`). It is written under
-``DIR.partial`` and renamed into place: a failed export leaves nothing half-written at ``DIR``.
+``DIR.partial`` and renamed into place (exchanged with an earlier export in one step): a failed or killed export
+leaves nothing half-written at ``DIR``. Its files get the user's umask, and ``paretolab.json`` lists each with its size and
+sha256: ``--force`` replaces only a directory whose record lists exactly the files it holds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from paretolab.api import compact
 from paretolab.data.fidelity import logit_gap, probe_logits, quiet, reload
-from paretolab.data.outputs import check_export_dir, writing
+from paretolab.data.outputs import check_export_dir, follow_umask, manifest, replace_dir, write_atomic, writing
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
@@ -117,19 +119,14 @@ def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save
     _compare(exported, record["metrics"], result.metrics, spec.task)
     progress(f"writing {out} ...")
     staging = out.with_name(out.name + ".partial")
-    earlier = out.with_name(out.name + ".replaced")
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)  # a killed export's
     try:
         with quiet():
             _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
-        if out.exists():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
+        if out.exists() or out.is_symlink():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
             check_export_dir(out, force=force, record=RECORD)
-            out.rename(earlier)
-        staging.rename(out)
-        shutil.rmtree(earlier, ignore_errors=True)
+        replace_dir(staging, out)  # one rename (or one exchange with the earlier export): never a half directory at --out
     except OSError as exc:
-        if earlier.exists() and not out.exists():
-            earlier.rename(out)  # the earlier export stays as it was
         raise ExportError(f"--out {out}: writing it failed ({exc.strerror or exc}); nothing was left half-written there: "
                           "free some space or pick another directory") from None
     finally:
@@ -258,7 +255,9 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
         "sizes_bytes": exported.sizes, "compact": exported.compact, "compact_fallback": exported.compact_fallback, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (staging / RECORD).write_text(json.dumps(info, indent=1, default=str))
+    follow_umask(staging)  # safetensors and tokenizers write some files private (0600); the user's umask decides
+    info["files"] = manifest(staging, skip=RECORD)  # what --force checks before it replaces this directory
+    write_atomic(staging / RECORD, json.dumps(info, indent=1, default=str))
 
 
 def _bytes(folder: Path, pattern: str) -> int:

@@ -55,12 +55,14 @@ def register_metrics(register: Callable[[Metric], None]) -> None:
 
 @hookspec
 def trial_started(trial: TrialInfo) -> None:
-    """Called in the driver right before a trial is sent to a worker. Results are ignored."""
+    """Called in the driver right before a trial is sent to a worker. Results are ignored; a hook that raises fails the
+    trial (it is not run) with a reason naming the plugin and the hook, and the study goes on."""
 
 
 @hookspec
 def trial_finished(trial: TrialInfo, result: TrialResult) -> None:
-    """Called in the driver after a trial is recorded (complete or failed). Results are ignored."""
+    """Called in the driver once a trial's result is known (complete or failed), right before it is recorded. Results are
+    ignored; a hook that raises fails the trial with a reason naming the plugin and the hook, and the study goes on."""
 
 
 hookimpl = pluggy.HookimplMarker("paretolab")

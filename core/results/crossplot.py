@@ -42,9 +42,13 @@ def cross_points(source: Any, studies: list[str], model: str) -> list[dict[str, 
 
 def write_cross_plot(points: list[dict[str, Any]], base: Path, model: str) -> list[Path]:
     """``base``.json (the points), .png and .svg (written with fixed metadata); the paths written."""
+    import io
+
+    from paretolab.data.outputs import write_atomic
+
     base.parent.mkdir(parents=True, exist_ok=True)
     data = base.with_suffix(".json")
-    data.write_text(json.dumps({"model": model, "x": "size_mb", "y": "ppl", "points": points}, indent=1) + "\n", encoding="utf-8")
+    write_atomic(data, json.dumps({"model": model, "x": "size_mb", "y": "ppl", "points": points}, indent=1) + "\n")  # whole or not at all
     if not points:
         return [data]
     import matplotlib
@@ -76,7 +80,9 @@ def write_cross_plot(points: list[dict[str, Any]], base: Path, model: str) -> li
     ax.legend(fontsize=7, ncol=2, loc="upper right", frameon=True)
     fig.tight_layout()
     png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
-    fig.savefig(png, metadata={"Software": None})
-    fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    for path, metadata in ((png, {"Software": None}), (svg, {"Date": None, "Creator": None})):
+        drawn = io.BytesIO()
+        fig.savefig(drawn, format=path.suffix[1:], metadata=metadata)
+        write_atomic(path, drawn.getvalue())
     plt.close(fig)
     return [data, png, svg]

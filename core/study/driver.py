@@ -35,7 +35,7 @@ from paretolab.study.optuna_study import (
 from paretolab.study.interrupt import INTERRUPTED, StopSignal, requeue_interrupted
 from paretolab.study.pool import WorkerPool
 from paretolab.study.reasons import readable_reason
-from paretolab.study.recording import record_trial, study_tags, trial_tags
+from paretolab.study.recording import call_hook, record_trial, study_tags, trial_tags
 from paretolab.study.constraints import missing_references, reference_arms
 from paretolab.study.proposer import ENQUEUED, Proposer
 from paretolab.study.pruning import start_board
@@ -43,6 +43,7 @@ from paretolab.study.preflight import planned_trials
 from paretolab.study.search import plan_trial
 from paretolab.study.session import session_ended, session_started
 from paretolab.study.spec import StudySpec
+from paretolab.study.trial import STOPPED
 from paretolab.study.warm import copied_count, copy_from, open_source
 
 
@@ -196,6 +197,8 @@ def _drive(
             nonlocal done
             done += record_trial(study, tracker, parent, spec, job, result, tags, now, outcome, hooks, board)
             bar.update(1)
+            if result.info.get(STOPPED):
+                log(f"trial {job.trial.number}: {result.info[STOPPED]}")
 
         while not stop.cancel:
             if stop.requested and not stop.announced:
@@ -219,8 +222,11 @@ def _drive(
                         break
                     trial, attempt = proposed, 1
                 plan = plan_trial(trial, spec)  # for a redone trial Optuna returns the values it already holds
+                problem = call_hook(hooks, "trial_started", trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
+                if problem:  # a plugin's hook raised: this trial fails with its reason, the study goes on
+                    record(_Job(trial, plan, None, time.perf_counter(), attempt), TrialResult(error=problem), time.perf_counter())
+                    continue
                 worker = pool.take()
-                hooks.trial_started(trial=TrialInfo(spec.name, trial.number, plan, dict(trial.params)))
                 ref = worker.run.remote(plan, trial.number, board)
                 in_flight[ref] = _Job(trial, plan, worker, time.perf_counter(), attempt)
             if not in_flight and (stop.requested or not (pool.starting and (redo or done < target))):

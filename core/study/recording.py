@@ -15,6 +15,7 @@ SIMULATED_BY = "simulated_by"  # user attr: the methods whose saving this trial 
 ENGINE = "engine"  # user attr: the engine measure's figures and labels (llama_*, vllm_*), as MLflow holds them too
 from paretolab.study.constraints import keep_verdict, trial_verdict, verdict_tags
 from paretolab.study.pruning import keep_reports
+from paretolab.study.reasons import readable_reason
 from paretolab.study.spec import StudySpec
 from paretolab.version import code_version
 
@@ -27,6 +28,11 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
     """
     if not result.failed and not result.pruned:
         result.error = _objective_problem(spec, result.metrics)
+    info = TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params))
+    problem = call_hook(hooks, "trial_finished", trial=info, result=result)  # before the stores: a raising hook fails the trial
+    if problem:
+        result.error = f"{result.error}; and {problem}" if result.failed else problem
+        result.pruned_at = None
     if board is not None and spec.search.pruner is not None:
         keep_reports(board, study, job.trial, result, spec.search.pruner.metric)
     inside = sum(result.metrics.get(k, 0.0) for k in ("transform_s", "evaluate_s", "measure_s"))
@@ -42,14 +48,40 @@ def record_trial(study: optuna.Study, tracker: Any, parent: str, spec: StudySpec
     url = str(getattr(storage, "url", "") or getattr(getattr(storage, "_backend", None), "url", "") or "")
     # a full disk or a broken store is one line (``guarded``); the trial is not COMPLETE in Optuna, so resume runs it again
     guarded("Optuna", url, lambda: _tell(study, job, result, spec, outcome, run_id, verdict, bounds))
-    hooks.trial_finished(trial=TrialInfo(spec.name, job.trial.number, job.plan, dict(job.trial.params)), result=result)
     return 1
+
+
+def call_hook(hooks: Any, name: str, **kwargs: Any) -> str:
+    """Call every plugin's ``name`` hook; what raised, as one line naming each plugin and the hook ("" when none did).
+
+    A plugin cannot take the study down: each implementation is called on its own (the others still run), and an
+    exception (SystemExit included; a Ctrl-C is the driver's own) becomes the returned reason.
+    """
+    caller = getattr(hooks, name)
+    impls = caller.get_hookimpls() if hasattr(caller, "get_hookimpls") else None
+    if impls is None or any(getattr(i, "hookwrapper", False) or getattr(i, "wrapper", False) for i in impls):
+        try:  # a stand-in for the plugin manager, or hook wrappers: called as pluggy calls them
+            caller(**kwargs)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any plugin's failure
+            return f"a plugin's {name} hook raised {readable_reason(exc)}"
+        return ""
+    problems = []
+    for impl in reversed(impls):  # pluggy's order: the last registered first
+        try:
+            impl.function(*[kwargs[arg] for arg in impl.argnames])
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any plugin's failure
+            problems.append(f"plugin {impl.plugin_name!r}'s {name} hook raised {readable_reason(exc)}")
+    return "; ".join(problems)
 
 
 def _tell(study: optuna.Study, job: Any, result: TrialResult, spec: StudySpec, outcome: Any, run_id: str, verdict: Any, bounds: Any) -> None:
     job.trial.set_user_attr(MLFLOW_RUN, run_id)
     job.trial.set_user_attr(SIMULATED_BY, ",".join(result.simulated_by))  # this trial's label: real, or simulated by these methods
     keep_verdict(job.trial, verdict, bounds)
+    from paretolab.study.trial import STOPPED  # here: results.read imports this module without torch
+
+    if result.info.get(STOPPED):  # the child processes the trial left, stopped at its end
+        job.trial.set_user_attr(STOPPED, str(result.info[STOPPED]))
     engine = engine_attrs(result.metrics, result.info)
     if engine:
         job.trial.set_user_attr(ENGINE, engine)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
+import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -23,6 +28,9 @@ from paretolab.study.reasons import readable_reason
 from paretolab.training.method import curve_history
 
 MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
+TRIAL_FOLDER = "paretolab-trial"  # each trial's workdir: TRIAL_FOLDER<number>-p<pid>-<random> in the temp folder
+STOPPED = "stopped_processes"  # result.info (and the Optuna user attr): the child processes a trial left, stopped at its end
+KEEP_CHILDREN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # Python's own helpers of this process
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
@@ -47,7 +55,9 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
     meter = EnergyMeter.for_this_process()
     start = time.perf_counter()
     meter.begin("trial")
-    with tempfile.TemporaryDirectory(prefix=f"paretolab-trial{number}-") as tmp:
+    sweep_trial_folders()
+    children = TrialChildren()
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_FOLDER}{number}-p{os.getpid()}-", ignore_cleanup_errors=True) as tmp:
         ctx = TrialContext(
             seed=settings.seed + number,
             workdir=Path(tmp),
@@ -117,9 +127,11 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)
             if unknown:
                 raise ValueError(f"unregistered metric(s) {unknown}: register them with the register_metrics hook")
-            bad = sorted(k for k, v in result.metrics.items() if math.isnan(v))
-            if bad:
-                result.error = f"metric(s) {', '.join(bad)} are NaN"
+            bad = sorted(k for k, v in result.metrics.items() if not math.isfinite(v))
+            if bad:  # +inf would be stored as 1.8e308 and rank as a number: every metric must be finite
+                said = "; ".join(f"{k} is {_shown(result.metrics[k])} (from {owners.get(k, 'the trial')})" for k in bad)
+                result.error = f"metric(s) not finite: {said}; every metric must be a finite number (NaN, inf and -inf fail the trial)"
+                result.metrics = {k: v for k, v in result.metrics.items() if k not in bad}
         except TrialPruned as stop:
             result.pruned_at = stop.step
             result.metrics = spent_so_far(stop.subject, ctx)
@@ -128,6 +140,10 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.error = readable_reason(exc)
             result.traceback = traceback.format_exc()
         result.artifacts = _collect(ctx.artifacts)
+        stopped = children.stop()  # before the folder goes: a child may still be writing in it
+        if stopped:
+            result.info[STOPPED] = stopped
+    shutil.rmtree(tmp, ignore_errors=True)  # what TemporaryDirectory could not remove (a file made read-only, a late writer)
     energy_j = meter.end("trial")
     meter.close()
     result.stage_energy_j = {k: v for k, v in meter.joules.items() if k != "trial"}
@@ -232,3 +248,128 @@ def _collect(paths: list[Path]) -> dict[str, bytes]:
     return out
 
 
+def _shown(value: float) -> str:
+    return "NaN" if math.isnan(value) else "+inf" if value > 0 else "-inf"
+
+
+class TrialChildren:
+    """The processes a trial starts, found and stopped at its end: the worker outlives its trials, their children must not.
+
+    The worker becomes a child subreaper (Linux), so a daemon that double-forks away from the plugin that started it is
+    re-parented to the worker, not to init, and is found here too. Children the process had before the trial (and
+    Python's own multiprocessing helpers) are left alone.
+    """
+
+    def __init__(self) -> None:
+        import psutil
+
+        _become_subreaper()
+        self.me = psutil.Process()
+        self.before = {_key(p) for p in self._children()}
+
+    def _children(self) -> list[Any]:
+        import psutil
+
+        try:
+            return self.me.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def stop(self, grace: float = 3.0) -> str:
+        """Stop (SIGTERM, then SIGKILL after ``grace`` s) every child the trial left; what was stopped, as one line ("" for none)."""
+        import psutil
+
+        left, said = [], []
+        for proc in self._children():
+            if _key(proc) in self.before:
+                continue
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:  # ended, not waited for: reaped below, not "left running"
+                    _reap(proc)
+                    continue
+                cmd = _command(proc)
+            except psutil.Error:
+                continue
+            if any(helper in cmd for helper in KEEP_CHILDREN):
+                continue
+            left.append(proc)
+            said.append(f"{proc.pid} {cmd[:120]}")
+        if not left:
+            return ""
+        for proc in left:
+            _signal(proc, signal.SIGTERM)
+        _, alive = psutil.wait_procs(left, timeout=grace)
+        for proc in alive:
+            _signal(proc, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=grace)
+        for proc in left:
+            _reap(proc)
+        return f"stopped {len(left)} child process(es) the trial left: " + "; ".join(said)[:2000]
+
+
+def _command(proc: Any) -> str:
+    """The child's command line; a child caught inside its exec shows none for a moment, so it is read again briefly."""
+    for _ in range(20):
+        cmd = " ".join(proc.cmdline())
+        if cmd:
+            return cmd
+        time.sleep(0.025)
+    return proc.name()
+
+
+def _key(proc: Any) -> tuple[int, float]:
+    try:
+        return proc.pid, proc.create_time()
+    except Exception:  # noqa: BLE001 - gone already
+        return proc.pid, 0.0
+
+
+def _signal(proc: Any, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except Exception:  # noqa: BLE001 - it ended meanwhile
+        pass
+
+
+def _reap(proc: Any) -> None:
+    """Collect an ended child's exit status (a zombie of ours otherwise stays in the process table)."""
+    try:
+        os.waitpid(proc.pid, os.WNOHANG)
+    except OSError:  # not our child (psutil reaped it, or a grandchild re-parented elsewhere)
+        pass
+
+
+_SUBREAPER: list[bool] = []
+
+
+def _become_subreaper() -> None:
+    """PR_SET_CHILD_SUBREAPER once per process (Linux): orphans of a trial's processes come back to this one."""
+    if _SUBREAPER or not sys.platform.startswith("linux"):
+        return
+    _SUBREAPER.append(True)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def sweep_trial_folders() -> None:
+    """Remove the trial folders left in the temp folder by workers that were killed (a timed-out trial, SIGKILL)."""
+    import psutil
+
+    pattern = re.compile(rf"^{TRIAL_FOLDER}\d+-p(\d+)-")
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        found = pattern.match(entry.name)
+        if found and int(found.group(1)) != os.getpid() and not psutil.pid_exists(int(found.group(1))):
+            try:
+                if entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid():
+                    shutil.rmtree(entry, ignore_errors=True)
+            except OSError:
+                pass

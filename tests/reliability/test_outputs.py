@@ -57,12 +57,18 @@ def test_force_with_dotdot_folds_the_path_and_refuses(tmp_path):
 
 
 def test_force_passes_an_earlier_export_and_keeps_it_when_the_export_fails(tmp_path):
+    import json
+
+    from paretolab.data.outputs import manifest
+
     earlier = tmp_path / "e"
     earlier.mkdir()
-    (earlier / "paretolab.json").write_text("{}")
+    (earlier / "model.safetensors").write_bytes(b"weights")
+    record = json.dumps({"files": manifest(earlier, skip="paretolab.json")})  # an export's record lists the files it wrote
+    (earlier / "paretolab.json").write_text(record)
     line = export(tmp_path, earlier, "--force")
     assert "--out" not in line and "no " in line  # past the output checks: the (missing) study is what stops it
-    assert (earlier / "paretolab.json").read_text() == "{}"
+    assert (earlier / "paretolab.json").read_text() == record
 
 
 def test_an_existing_target_without_force_is_refused(tmp_path):
