@@ -14,18 +14,20 @@ from paretolab.cli.common import stores_from_flags
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
+    from paretolab.data.names import printable
+
     if args.bundle_command == "export":
         from paretolab.results.bundle import check_output
         from paretolab.results.bundle_stores import export_bundle
 
         out = check_output(Path(args.out))  # before any store is read
         written = export_bundle(args.studies, stores_from_flags(args), out)
-        print(f"wrote {out}: " + ", ".join(f"{name} ({n} trials)" for name, n in written.items()))
+        print(f"wrote {printable(out)}: " + ", ".join(f"{printable(name)} ({n} trials)" for name, n in written.items()))
         return 0
     from paretolab.results.bundle_stores import import_bundle
 
-    done = import_bundle(Path(args.file), stores_from_flags(args, create=True), rename=args.as_name)
-    print(f"imported {args.file}: " + ", ".join(f"{name} ({n} trials)" for name, n in done.items()))
+    done = import_bundle(Path(args.file), lambda: stores_from_flags(args, create=True), rename=args.as_name, resume=args.resume)
+    print(f"imported {printable(args.file)}: " + ", ".join(f"{name} ({n} trials)" for name, n in done.items()))
     return 0
 
 
@@ -73,7 +75,7 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
             elif check:
                 stale.append(f"{doc.path} (no bundle yet, and it does not open with the stale-document banner)")
             else:
-                target.write_text(f"{LEGACY_BANNER}\n\n{old}", encoding="utf-8")
+                _write_document(target, doc.path, f"{LEGACY_BANNER}\n\n{old}")
                 print(f"marked {doc.path} stale: none of its studies has a bundle yet")
             continue
         text = render_document(doc, source, root)
@@ -81,7 +83,7 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 stale.append(doc.path)
             continue
-        target.write_text(text, encoding="utf-8")
+        _write_document(target, doc.path, text)
         print(f"wrote {doc.path} ({len(source.names())} of {len(doc.studies)} studies from bundles)")
     stale += _figures(root, docs, check=check)
     if stale:
@@ -91,6 +93,18 @@ def _render(root: Path, docs: list, *, check: bool) -> int:
     if check:
         print(f"{len(docs)} results document(s) are what their bundles render")
     return 0
+
+
+def _write_document(target: Path, name: str, text: str) -> None:
+    """One document, whole or not at all: a full disk or a file-size limit leaves the previous one as it was, in one line."""
+    from paretolab.data.outputs import write_atomic
+    from paretolab.errors import ConfigError
+
+    try:
+        write_atomic(target, text)
+    except OSError as exc:
+        raise ConfigError(f"results render: writing {name} failed ({exc.strerror or exc}); it was left as it was: "
+                          "free some space (or lift the file-size limit) and render again") from None
 
 
 def _figures(root: Path, docs: list, *, check: bool) -> list[str]:
@@ -113,7 +127,13 @@ def _figures(root: Path, docs: list, *, check: bool) -> list[str]:
             if not data.is_file() or json.loads(data.read_text(encoding="utf-8")) != want:
                 stale.append(f"{figure.out}.json")
             continue
-        written = write_cross_plot(points, base, figure.model)
+        try:
+            written = write_cross_plot(points, base, figure.model)
+        except OSError as exc:
+            from paretolab.errors import ConfigError
+
+            raise ConfigError(f"results render: writing {figure.out} failed ({exc.strerror or exc}); the files written before are "
+                              "left as they were: free some space and render again") from None
         print(f"wrote {', '.join(str(p.relative_to(root)) for p in written)} ({len(points)} trials)")
     return stale
 
@@ -147,6 +167,10 @@ def _run(root: Path, docs: list, args: argparse.Namespace) -> int:
     if not todo:
         print("every bundle is current: nothing to run (`paretolab results render` writes the documents)")
         return 0
+    for doc, study in todo:  # before any study runs: a misspelling in the manifest, not a study that fails an hour in
+        now, why = state(doc, study)
+        if now == "unknown":
+            raise ConfigError(f"results/documents.yaml, document {doc.family}: {why}")
     print(f"{len(todo)} stud{'y' if len(todo) == 1 else 'ies'} to run into {home}: " + ", ".join(s for _, s in todo))
     known = {s: m for _, s in todo if (m := expected_minutes(root, s)) is not None}
     bound = {s: m for _, s in todo if s not in known and (m := worst_case_minutes(root, s)) is not None}

@@ -12,7 +12,8 @@ A bundle is gzip-compressed JSON Lines (``.jsonl.gz``), written deterministicall
 - last, an ``end`` record with the record count and the sha256 of every line before it.
 
 A bundle of another format version is refused with one line, never misread; a truncated or corrupted file (gzip's CRC,
-the end record's count and checksum) is refused with one line. :class:`~paretolab.results.source.BundleSource` reads a
+the end record's count and checksum) is refused with one line. A bundle is untrusted input: it is read under caps
+and every record checked against the format before anything is written (:mod:`paretolab.results.bundle_read`). :class:`~paretolab.results.source.BundleSource` reads a
 bundle as the report, ``frontier`` and ``load_study`` read stores; :mod:`paretolab.results.bundle_stores` exports a study
 from the stores and imports a bundle into any store (SQLite files or servers) without running anything.
 """
@@ -23,59 +24,31 @@ import base64
 import datetime as dt
 import gzip
 import hashlib
+import io
 import json
-import os
-import tempfile
-import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paretolab.errors import ConfigError
-
-FORMAT = "paretolab-bundle"
-VERSION = 1
-SUFFIX = ".jsonl.gz"
-
-
-# ---------------------------------------------------------------------------------------------------- records
-
-
-@dataclass
-class RunRecord:
-    """One MLflow run as the readers see it (``.info.run_id``, ``.info.status``, ``.data.metrics`` / ``params`` / ``tags``)."""
-
-    run_id: str
-    status: str
-    tags: dict[str, str]
-    params: dict[str, str]
-    metrics: dict[str, float]
-    history: dict[str, list[list[float]]] = field(default_factory=dict)  # key -> [[step, value], ...]
-    artifacts: dict[str, bytes] = field(default_factory=dict)
-
-    @property
-    def info(self) -> RunRecord:
-        return self
-
-    @property
-    def data(self) -> RunRecord:
-        return self
-
-
-@dataclass
-class StudyRecord:
-    name: str
-    directions: list[str]
-    user_attrs: dict[str, Any]
-    trials: list[dict[str, Any]]  # the trial records (run inside, under "run")
-    study_run: RunRecord | None
-    provenance: dict[str, Any]
-
-    def runs(self) -> dict[int, RunRecord]:
-        """Trial number -> its MLflow run, for the trials that have one."""
-        return {t["number"]: t["run"] for t in self.trials if t.get("run") is not None}
-
+from paretolab.results.bundle_read import (  # noqa: F401 - the reader, re-exported: `bundle.read_bundle` is the API
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_LINE,
+    check_artifact_name,
+    read_bundle,
+)
+from paretolab.results.bundle_records import (  # noqa: F401 - re-exported
+    FORMAT,
+    IMPORT,
+    SUFFIX,
+    VERSION,
+    RunRecord,
+    StudyRecord,
+    bundle_sha256,
+    import_state,
+    partial_import_line,
+)
 
 # ---------------------------------------------------------------------------------------------------- writing
 
@@ -93,7 +66,8 @@ def check_output(out: Path) -> Path:
 
 def write_bundle(records: list[StudyRecord], out: Path) -> None:
     """The records as a bundle file at ``out``: written to a temporary file beside it, then renamed (no partial file)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from paretolab.data.outputs import write_atomic
+
     lines = [_dumps({"format": FORMAT, "version": VERSION, "studies": [r.name for r in records], "written_by": _written_by()})]
     for record in records:
         lines.append(_dumps({"kind": "study", "name": record.name, "directions": record.directions, "user_attrs": record.user_attrs,
@@ -103,19 +77,13 @@ def write_bundle(records: list[StudyRecord], out: Path) -> None:
                                  "run": _run_json(trial.get("run"))}))
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     lines.append(_dumps({"kind": "end", "records": len(lines), "sha256": digest}))
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
+        gz.write(("\n".join(lines) + "\n").encode())
     try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
-            gz.write(("\n".join(lines) + "\n").encode())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as a plain file would be (mkstemp makes it private)
-        os.replace(tmp, out)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"cannot write bundle {out}: {exc.strerror or exc}; nothing was written") from None
-        raise
+        write_atomic(out, buffer.getvalue())  # the one all-or-nothing write, with the user's umask
+    except OSError as exc:
+        raise ConfigError(f"cannot write bundle {out}: {exc.strerror or exc}; nothing was written") from None
 
 
 def _written_by() -> str:
@@ -157,67 +125,6 @@ def run_provenance(dates: list[str], runs: list[Any], model: Any) -> dict[str, A
         "model_checksums": sorted({p[k] for p in params for k in p if k.startswith("info.") and k.endswith("sha256")}),
         "weights": sorted({p["info.weights"] for p in params if p.get("info.weights")}),
     }
-
-
-# ---------------------------------------------------------------------------------------------------- reading
-
-
-def read_bundle(path: Path) -> list[StudyRecord]:
-    """The studies in a bundle file; a missing, truncated, corrupted or foreign file is one ConfigError line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"bundle {path}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
-    try:
-        with gzip.open(path, "rb") as gz:
-            text = gz.read().decode()
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:  # BadGzipFile is an OSError
-        raise ConfigError(f"bundle {path} is corrupt or truncated ({_why(exc)}); export it again") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    records = [_loads(path, i, line) for i, line in enumerate(lines, 1)]
-    header = records[0] if records else {}
-    if header.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a paretolab bundle (no '{FORMAT}' header)")
-    if header.get("version") != VERSION:
-        raise ConfigError(f"bundle {path} has format version {header.get('version')!r}; this paretolab reads version {VERSION} "
-                          "(use the paretolab that wrote it, or export the study again)")
-    end = records[-1]
-    if end.get("kind") != "end" or end.get("records") != len(records) - 1:
-        raise ConfigError(f"bundle {path} is truncated (its end record is missing or counts other records); export it again")
-    if hashlib.sha256("\n".join(lines[:-1]).encode()).hexdigest() != end.get("sha256"):
-        raise ConfigError(f"bundle {path} is corrupt (its checksum does not match its records); export it again")
-    studies: dict[str, StudyRecord] = {}
-    for rec in records[1:-1]:
-        if rec.get("kind") == "study":
-            studies[rec["name"]] = StudyRecord(rec["name"], rec["directions"], rec["user_attrs"], [], _run(rec.get("study_run")),
-                                               rec.get("provenance") or {})
-        elif rec.get("kind") == "trial":
-            trial = {k: v for k, v in rec.items() if k not in ("kind", "study")}
-            trial["run"] = _run(rec.get("run"))
-            studies[rec["study"]].trials.append(trial)
-    return list(studies.values())
-
-
-def _loads(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        rec = json.loads(line)
-    except ValueError as exc:
-        raise ConfigError(f"bundle {path} is corrupt: line {number} is not JSON ({exc.msg}); export it again") from None
-    if not isinstance(rec, dict):
-        raise ConfigError(f"bundle {path} is corrupt: line {number} is not a record; export it again")
-    return rec
-
-
-def _why(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _run(data: dict[str, Any] | None) -> RunRecord | None:
-    if data is None:
-        return None
-    return RunRecord(data["run_id"], data["status"], data["tags"], data["params"], data["metrics"], data.get("history") or {},
-                     {k: base64.b64decode(v) for k, v in (data.get("artifacts") or {}).items()})
 
 
 def frozen_trials(record: StudyRecord) -> Iterator[Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Union
 
+from paretolab.data.names import printable
 from paretolab.errors import ConfigError
 from paretolab.stores.locations import Stores
 
@@ -85,7 +86,10 @@ class StoreSource(_Readers):
             from paretolab.stores.optuna_sqlite import read_study
 
             check_readable(self.stores)  # a damaged, empty or partial store is refused in one line, on this path as on Optuna's
-            self._stored[name] = read_study(self.stores.optuna_url, name) or super().stored_study(name)
+            stored = read_study(self.stores.optuna_url, name)
+            if stored is not None:
+                _refuse_partial(name, stored.user_attrs)
+            self._stored[name] = stored or super().stored_study(name)
         return self._stored[name]
 
     def study(self, name: str) -> Any:
@@ -99,10 +103,17 @@ class StoreSource(_Readers):
                               "check --home / --storage, or run its pipeline first")
         storage = optuna_storage(self.stores, create=False)
         try:
-            return guarded("Optuna", self.stores.optuna_url, lambda: optuna.load_study(study_name=name, storage=storage))
+            study = guarded("Optuna", self.stores.optuna_url, lambda: optuna.load_study(study_name=name, storage=storage))
         except KeyError:
             names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-            raise ConfigError(_no_study(name, self.stores.redacted().optuna_url, names)) from None
+            from paretolab.data.names import twin_of
+
+            twin = twin_of(name, names)  # `ｄｅｍｏ` asked, `demo` stored: one name under Unicode normalisation, one study
+            if twin is None:
+                raise ConfigError(_no_study(name, self.stores.redacted().optuna_url, names)) from None
+            study = guarded("Optuna", self.stores.optuna_url, lambda: optuna.load_study(study_name=twin, storage=storage))
+        _refuse_partial(name, study.user_attrs)
+        return study
 
     def client(self) -> Any:
         if self._client is None:
@@ -167,8 +178,9 @@ class BundleSource(_Readers):
         self.records: dict[str, Any] = {}
         for path in self.paths:
             for record in read_bundle(path):
-                if record.name in self.records:
-                    raise ConfigError(f"study {record.name!r} is in two bundles ({path} and another); give each study one bundle")
+                if record.name in self.records:  # names are normal (NFKC) once read
+                    raise ConfigError(f"study {record.name!r} is in two bundles ({printable(str(path))} and another); "
+                                      "give each study one bundle")
                 self.records[record.name] = record
         self.runs = {run.run_id: run for record in self.records.values() for run in record.runs().values()}
         self._studies: dict[str, Any] = {}
@@ -185,6 +197,9 @@ class BundleSource(_Readers):
         return None
 
     def record(self, name: str) -> Any:
+        from paretolab.data.names import normal_name
+
+        name = normal_name(name) if normal_name(name) in self.records else name
         if name not in self.records:
             raise ConfigError(_no_study(name, ", ".join(str(p) for p in self.paths) or "no bundle", list(self.records)))
         return self.records[name]
@@ -258,7 +273,15 @@ def _curves(source: Source) -> Callable[[str], Any]:
     return read
 
 
+def _refuse_partial(name: str, user_attrs: dict[str, Any]) -> None:
+    """A study whose `bundle import` has not finished is no study to read: one line saying how to complete it."""
+    from paretolab.results.bundle import import_state, partial_import_line
+
+    if import_state(user_attrs) == "partial":
+        raise ConfigError(partial_import_line(name))
+
+
 def _no_study(name: str, where: str, names: list[str]) -> str:
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"no study {name!r} in {where}{hint} (studies: {', '.join(names) or 'none'})"
+    return f"no study {name!r} in {where}{hint} (studies: {printable(', '.join(names)) or 'none'})"

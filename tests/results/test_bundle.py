@@ -8,7 +8,6 @@ import json
 import pytest
 
 from paretolab.errors import ConfigError
-from paretolab.results import bundle as bundle_mod
 from paretolab.results.bundle import read_bundle
 from paretolab.results.bundle_stores import export_bundle, import_bundle
 from paretolab.results.read import frontier_rows
@@ -122,7 +121,7 @@ def test_export_checks_its_output_before_reading_and_leaves_no_partial_file(expo
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bundle_mod.os, "replace", full)
+    monkeypatch.setattr("paretolab.data.outputs.os.replace", full)  # the one atomic write (write_atomic)
     with pytest.raises(ConfigError, match="No space left on device; nothing was written"):
         export_bundle(STUDIES, stores, target)
     assert list(tmp_path.glob("*full*")) == []  # the temporary file is gone too
