@@ -12,7 +12,7 @@ import sys
 import streamlit as st
 
 from paretolab.dashboard import data
-from paretolab.dashboard.context import Context, parse_args, ray_address, stores_from
+from paretolab.dashboard.context import Context, label, parse_args, ray_address, stores_from
 from paretolab.dashboard.view_curves import curves_page
 from paretolab.dashboard.view_frontier import frontier_page
 from paretolab.dashboard.view_studies import (
@@ -22,6 +22,7 @@ from paretolab.dashboard.view_studies import (
     studies_page,
 )
 from paretolab.dashboard.view_trial import compare_page, trial_page
+from paretolab.data.names import printable, twin_of
 from paretolab.errors import ConfigError
 from paretolab.stores.open import check_readable
 
@@ -60,9 +61,9 @@ def _unknown_study(asked: str | None, names: list[str], stores: object) -> None:
     import difflib
 
     close = difflib.get_close_matches(asked, names, n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    shown = f" Showing {names[0]!r} instead; pick another in the sidebar." if names else ""
-    st.warning(f"No study {asked!r} in {stores.redacted().optuna_url}.{hint}{shown}")
+    hint = " Did you mean " + " or ".join(f"'{label(c)}'" for c in close) + "?" if close else ""
+    shown = f" Showing '{label(names[0])}' instead; pick another in the sidebar." if names else ""
+    st.warning(f"No study '{label(asked)}' in {stores.redacted().optuna_url}.{hint}{shown}")
 
 
 def main() -> None:
@@ -82,11 +83,14 @@ def main() -> None:
     st.sidebar.title("paretolab")
     page = st.sidebar.radio("page", list(PAGES), key="page")
     study = None
-    _unknown_study(st.session_state.pop("_asked_study", None), names, stores)
+    asked = st.session_state.pop("_asked_study", None)
+    if asked is not None and asked not in names and (twin := twin_of(asked, names)) is not None:  # the same name under NFKC
+        st.session_state["study"] = asked = twin
+    _unknown_study(asked, names, stores)
     if names:
         if st.session_state.get("study") not in names:
             st.session_state["study"] = names[0]
-        chosen = st.sidebar.selectbox("study", names, key="study")
+        chosen = st.sidebar.selectbox("study", names, key="study", format_func=printable)  # a name from the store, escaped
         study = next(s for s in studies if s.name == chosen)
     ctx = Context(stores=stores, address=ray_address(args), studies=studies, study=study)
 

@@ -12,7 +12,21 @@ import pandas as pd
 
 from paretolab.dashboard import data, runs
 from paretolab.dashboard.cluster import ADDRESS_ENV
+from paretolab.data.names import markdown_text
 from paretolab.stores import Stores, resolve_stores
+
+
+def label(text: object) -> str:
+    """Text from a store or a bundle (a study's name, a failure reason) as a page shows it: its control, bidi and
+    Markdown characters escaped (``paretolab.data.names.markdown_text``), so it reads as the characters it is."""
+    return markdown_text(text, inline=True)
+
+
+def file_part(name: str) -> str:
+    """A study's name as part of a download's file name: only letters, digits and ``_ . -`` (the rest as ``_``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "study"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from paretolab.dashboard import runs
-from paretolab.dashboard.context import Context
+from paretolab.dashboard.context import Context, label
 from paretolab.dashboard.curves import (
     BANDS,
     by_group,
@@ -24,16 +24,16 @@ MAX_TRIALS = 500  # curves read per study (one artifact each); beyond this the n
 
 def curves_page(ctx: Context) -> None:
     assert ctx.study is not None
-    st.header(f"Curves · {ctx.study.name}")
+    st.header(f"Curves · {label(ctx.study.name)}")
     frame = ctx.table.frame
     done = frame[frame["state"].isin(["COMPLETE", "PRUNED"])]  # a pruned trial logged its curve up to where it stopped
     if done.empty:
-        st.info(f"Study {ctx.study.name!r} has no completed or pruned trials yet.")
+        st.info(f"Study '{label(ctx.study.name)}' has no completed or pruned trials yet.")
         return
     done = done.tail(MAX_TRIALS)
     curves = ctx.table.memo(("curves", tuple(done["number"])), lambda: _read(ctx, done))
     if not curves:
-        st.info(f"Study {ctx.study.name!r} has no learning curves: none of its trials logged a `learning_curve.json` artifact "
+        st.info(f"Study '{label(ctx.study.name)}' has no learning curves: none of its trials logged a `learning_curve.json` artifact "
                 "or `curve.val_loss` history (only pipelines with a `train` stage do).")
         return
     c1, c2, c3, c4 = st.columns([2, 3, 3, 2])
@@ -44,7 +44,7 @@ def curves_page(ctx: Context) -> None:
     losses = ["val_loss", "train_loss"] if train else ["val_loss"]
     shown = trial_curves(done, curves, x, losses)
     if not shown:
-        st.info(f"No curve of study {ctx.study.name!r} has {x}: the metric histories carry tokens only; choose tokens.")
+        st.info(f"No curve of study '{label(ctx.study.name)}' has {x}: the metric histories carry tokens only; choose tokens.")
         return
     st.plotly_chart(curves_figure(shown, x, losses, kind, log_x=log_x), key="curves", width="stretch")
     _notes(done, curves, shown, x, kind)

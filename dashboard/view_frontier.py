@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from paretolab.dashboard.context import Context
+from paretolab.dashboard.context import Context, file_part, label
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
 from paretolab.dashboard.tables import frontier_table
 from paretolab.dashboard.plots import (
@@ -33,14 +33,14 @@ def open_trial(number: int) -> None:
 def frontier_page(ctx: Context) -> None:
     assert ctx.study is not None
     table = ctx.table
-    st.header(f"Frontier · {ctx.study.name}")
+    st.header(f"Frontier · {label(ctx.study.name)}")
     note = quality_note(ctx.study.model, ctx.study.pipeline)
     if note:
         st.warning(note)
     failed = int((table.frame["state"] == "FAIL").sum())
     done = table.complete()
     if done.empty:
-        st.info(f"Study {ctx.study.name!r} has no completed trials yet ({len(table.frame)} trial(s) in all, {failed} failed).")
+        st.info(f"Study '{label(ctx.study.name)}' has no completed trials yet ({len(table.frame)} trial(s) in all, {failed} failed).")
         return
     objectives = [m for m, _ in table.objectives]
     # Every MLflow metric can be an axis; reading them is a second store read, so on by default only for smaller studies.
@@ -48,7 +48,7 @@ def frontier_page(ctx: Context) -> None:
     frame = ctx.merged() if use_runs else table.frame
     choices = ctx.numeric_metrics(frame[frame["state"] == "COMPLETE"])
     if len(choices) < 2:
-        st.info(f"Study {ctx.study.name!r} reports only {choices[0] if choices else 'no metric'}; a frontier needs two metrics.")
+        st.info(f"Study '{label(ctx.study.name)}' reports only {choices[0] if choices else 'no metric'}; a frontier needs two metrics.")
         return
     c1, c2, c3, c4 = st.columns([3, 3, 3, 2])
     x = c1.selectbox("x", _keep("fx", choices), index=0, key="fx")
@@ -191,7 +191,7 @@ def _trial_of(customdata: object) -> object:
 
 def _downloads(ctx: Context, data: FrontierData, log_x: bool, log_y: bool) -> None:
     assert ctx.study is not None
-    name = f"{ctx.study.name}_{data.x}_vs_{data.y}"
+    name = f"{file_part(ctx.study.name)}_{data.x}_vs_{data.y}"
     d1, d2, d3 = st.columns(3)
     d1.download_button("Frontier CSV", data.csv(), file_name=f"{name}_frontier.csv", mime="text/csv", key="dl_csv")
     # Images render only when clicked (a callable): matplotlib on 10k points takes longer than a repaint may.

@@ -7,7 +7,8 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from paretolab.dashboard.context import Context, describe_methods, describe_metrics
+from paretolab.dashboard.context import Context, describe_methods, describe_metrics, label
+from paretolab.data.names import printable
 
 
 def no_studies(ctx: Context) -> None:
@@ -40,9 +41,9 @@ def studies_page(ctx: Context) -> None:
             **{state.lower(): s.counts.get(state, 0) for state in rare},
             "progress": s.finished / s.planned if s.planned else 0.0,
             "planned": s.planned,
-            "objectives": ", ".join(f"{m} {ARROW.get(d[:3], '')}".strip() for m, d in s.objectives),
-            "model": s.model,
-            "methods": _short_list(s.methods),
+            "objectives": printable(", ".join(f"{m} {ARROW.get(d[:3], '')}".strip() for m, d in s.objectives)),
+            "model": printable(s.model),
+            "methods": printable(_short_list(s.methods)),
             "last update": s.last_update,
         })
     # sized to fit beside the sidebar on a 1,280 px screen: narrow counts, the long lists cut (the Frontier has them whole)
@@ -60,7 +61,7 @@ def studies_page(ctx: Context) -> None:
     )
     for s in ctx.studies:
         if s.status_hint:
-            st.caption(f"{s.name}: {s.status_hint}")
+            st.caption(f"{label(s.name)}: {printable(s.status_hint)}")  # the hint is our own Markdown (`commands`)
     st.caption("A study's name opens its Frontier; the sidebar picks the study for the other pages.")
 
 

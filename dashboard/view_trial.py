@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from paretolab.dashboard import runs
-from paretolab.dashboard.context import Context
+from paretolab.dashboard.context import Context, file_part, label
 from paretolab.dashboard.layers import group_table, module_table
 from paretolab.dashboard.plots import parallel_coordinates
 from paretolab.dashboard.reproduce import reproduce_yaml
@@ -16,6 +17,7 @@ from paretolab.dashboard.tables import compare_table, key_values
 from paretolab.plugin_api.numbers import axis_scale, axis_title
 from paretolab.plugin_api.numbers import number as number_text
 from paretolab.dashboard.view_engines import engine_section
+from paretolab.data.names import printable
 
 TRACEBACK = "traceback.txt"
 
@@ -23,9 +25,9 @@ TRACEBACK = "traceback.txt"
 def trial_page(ctx: Context) -> None:
     assert ctx.study is not None
     frame = ctx.table.frame
-    st.header(f"Trial · {ctx.study.name}")
+    st.header(f"Trial · {label(ctx.study.name)}")
     if frame.empty:
-        st.info(f"Study {ctx.study.name!r} has no trials yet.")
+        st.info(f"Study '{label(ctx.study.name)}' has no trials yet.")
         return
     numbers = frame["number"].tolist()
     if st.session_state.get("trial") not in numbers:
@@ -40,11 +42,11 @@ def trial_page(ctx: Context) -> None:
     b.metric("methods", str(row["methods"]))
     c.metric("finished", "" if pd.isna(row["datetime_complete"]) else str(row["datetime_complete"])[:19])
     if row["fail_reason"]:
-        st.error(f"Failed: {row['fail_reason']}")
+        st.error(f"Failed: {label(row['fail_reason'])}")
     if row["simulated"]:
         st.warning(f"The cost saving of {row['simulated']} is simulated in this trial (no deployable format or kernel ran).")
     if not row.get("feasible", True):
-        st.warning(f"Infeasible: {row.get('infeasible_because') or 'breaks a bound'}. It stays off every frontier "
+        st.warning(f"Infeasible: {label(row.get('infeasible_because') or 'breaks a bound')}. It stays off every frontier "
                    f"(constraints: {'; '.join(ctx.study.constraints) or 'not recorded'}).")
     if _present(row.get("pruned_at_step")):
         st.info(f"Pruned at step {row['pruned_at_step']}: the study's pruner stopped it early. Never on a frontier; its curve is on the Curves page.")
@@ -81,10 +83,10 @@ def trial_page(ctx: Context) -> None:
     st.subheader("Reproduce")
     text = reproduce_yaml(ctx.study.pipeline, params, study=ctx.study.name, number=int(number))
     st.code(text, language="yaml")
-    st.download_button("Download pipeline YAML", text, file_name=f"{ctx.study.name}-trial{number}.yaml", mime="text/yaml", key="dl_yaml")
+    st.download_button("Download pipeline YAML", text, file_name=f"{file_part(ctx.study.name)}-trial{number}.yaml", mime="text/yaml", key="dl_yaml")
     if str(row["state"]) == "COMPLETE":
         st.subheader("Export the model")
-        st.code(f"paretolab export {ctx.study.name} {number} --out {ctx.study.name}-trial{number}", language="bash")
+        st.code(f"paretolab export {shlex.quote(printable(ctx.study.name))} {number} --out {file_part(ctx.study.name)}-trial{number}", language="bash")
         st.caption("Re-applies this trial (same params, seed, calibration), checks its quality against the recorded one and "
                    "writes a directory transformers loads, with a compact form where the method has one; give the store flags "
                    "`paretolab dashboard` got. From Python: `paretolab.export(...)`, or `paretolab.apply(model, method, **params)`.")
@@ -123,10 +125,10 @@ def _tags_and_artifacts(ctx: Context, detail: runs.RunDetail) -> None:
 
 def compare_page(ctx: Context) -> None:
     assert ctx.study is not None
-    st.header(f"Compare · {ctx.study.name}")
+    st.header(f"Compare · {label(ctx.study.name)}")
     table = ctx.table
     if table.frame.empty:
-        st.info(f"Study {ctx.study.name!r} has no trials yet.")
+        st.info(f"Study '{label(ctx.study.name)}' has no trials yet.")
         return
     frame = ctx.merged()
     numbers = frame["number"].tolist()

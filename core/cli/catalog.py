@@ -22,30 +22,37 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         }
         print(json.dumps(payload, indent=2))
         return 0
-    print("methods:")
+    _say("methods:")
     for m in methods:
         dist = f" ({m['distribution']})" if m["distribution"] else ""
-        print(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}{dist}")
+        _say(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}{dist}")
         if m["paper"]:
-            print(f"      paper: {m['paper']}")
+            _say(f"      paper: {m['paper']}")
         for key, text in m["search_space"].items():
-            print(f"      {key}: {text}")
+            _say(f"      {key}: {text}")
         if m.get("metrics"):
-            print(f"      reports: {', '.join(m['metrics'])}")
-    print("tasks:")
+            _say(f"      reports: {', '.join(m['metrics'])}")
+    _say("tasks:")
     for t in regs.tasks:
-        print(f"  {t.name}  -> {', '.join(t.metrics)}")
-    print("measures:")
+        _say(f"  {t.name}  -> {', '.join(t.metrics)}")
+    _say("measures:")
     for ms in regs.measures:
-        print(f"  {ms.name}{' (default)' if ms.default else ''}  -> {', '.join(ms.metrics)}")
-    print("metrics:")
+        _say(f"  {ms.name}{' (default)' if ms.default else ''}  -> {', '.join(ms.metrics)}")
+    _say("metrics:")
     for metric in regs.metrics:
         unit = f" [{metric.unit}]" if metric.unit else ""
-        print(f"  {metric.name}{unit}  {metric.direction}{', estimated' if metric.estimated else ''}: {metric.description}")
-    print("models:")
+        _say(f"  {metric.name}{unit}  {metric.direction}{', estimated' if metric.estimated else ''}: {metric.description}")
+    _say("models:")
     for model in regs.models:
-        print(f"  {model.name} [weights: {model.weights}]: {model.description}")
+        _say(f"  {model.name} [weights: {model.weights}]: {model.description}")
     return 0
+
+
+def _say(text: str) -> None:
+    """One line of the listing: a plugin's names and descriptions are its author's text, escaped like any other."""
+    from paretolab.data.names import printable
+
+    print(printable(text))
 
 
 def _distribution(regs: Any, owner: str) -> str:
@@ -54,11 +61,12 @@ def _distribution(regs: Any, owner: str) -> str:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
+    from paretolab.data.names import printable
     from paretolab.plugin_api.manager import registries
 
     for model in registries().models:
         state = "cached" if model.is_cached() else "not cached (paretolab models pull " + model.name + ")"
-        print(f"{model.name:16s} {state}\n    weights: {model.weights}\n    {model.description}")
+        print(printable(f"{model.name:16s} {state}"), printable(f"    weights: {model.weights}"), printable(f"    {model.description}"), sep="\n")
     print("Any local model directory or Hugging Face id (org/name) also works as `model:`.")
     return 0
 

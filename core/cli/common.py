@@ -1,4 +1,4 @@
-"""What the commands share: the stores their flags name, and a plain-text table."""
+"""What the commands share: the stores their flags name, and a plain-text table (its cells escaped)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,12 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def cell_text(value: Any, column: str = "") -> str:
-    """A cell as every surface writes it (``paretolab.plugin_api.numbers``): a float in the unit of metric ``column``."""
+    """A cell as every surface writes it (``paretolab.plugin_api.numbers``): a float in the unit of metric ``column``;
+    text escaped (``paretolab.data.names.printable``): a study name holding a newline or ANSI escapes is one cell."""
     if isinstance(value, float):
         from paretolab.plugin_api.numbers import metric_value
 
         return metric_value(column, value)
-    return "" if value is None else str(value)
+    from paretolab.data.names import printable
+
+    return "" if value is None else printable(value)

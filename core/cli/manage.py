@@ -20,6 +20,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
+    from paretolab.data.names import printable
     from paretolab.results.read import print_failures, study_summaries
 
     stores = stores_from_flags(args)
@@ -35,11 +36,11 @@ def cmd_studies(args: argparse.Namespace) -> int:
         if not doomed:
             print("nothing to prune: no interrupted study without a complete trial")
             return 0
-        return _remove(stores, doomed, args.yes, f"remove {len(doomed)} interrupted study(ies) without a complete trial: {', '.join(doomed)}")
+        return _remove(stores, doomed, args.yes, f"remove {len(doomed)} interrupted study(ies) without a complete trial: {', '.join(map(repr, doomed))}")
     print_table(rows, ["study", "status", "complete", "failed", "pruned", "running", "objectives", "last_update"])
     for row in rows:
         if row["hint"]:
-            print(f"study {row['study']!r}: {row['hint']}")
+            print(f"study {row['study']!r}: {printable(row['hint'])}")
     for row in rows:
         print_failures(row["study"], row["failures"])
     return 0
@@ -49,6 +50,7 @@ def _add_status(rows: list[dict[str, Any]], stores: Any) -> None:
     """Each row's status (running, finished, interrupted), from the study's recorded session and its driver's lock."""
     import optuna
 
+    from paretolab.results.bundle import import_state, partial_import_line
     from paretolab.stores.open import guarded, optuna_storage
     from paretolab.stores.ownership import study_owner
     from paretolab.study.session import study_status
@@ -58,6 +60,8 @@ def _add_status(rows: list[dict[str, Any]], stores: Any) -> None:
     for row in rows:
         owned = study_owner(stores.optuna_url, row["study"]) is not None
         row["status"], row["hint"], row["interrupted"] = study_status(attrs.get(row["study"], {}), row, owned)
+        if import_state(attrs.get(row["study"], {})) == "partial" and not owned:  # a `bundle import` killed midway
+            row["status"], row["hint"], row["interrupted"] = "partial import", partial_import_line(row["study"]), False
 
 
 def _remove(stores: Any, names: list[str], yes: bool, what: str) -> int:

@@ -10,6 +10,7 @@ from paretolab.cli.common import print_table, source_from_flags, stores_from_fla
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
+    from paretolab.data.names import printable
     from paretolab.results.read import frontier_rows, print_frontier, study_quality_note
     from paretolab.results.source import source_of
 
@@ -20,13 +21,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         _label_costs(args.study, stores, rows)
         print(json.dumps(rows, indent=2, default=str))
         if rows.constraints:  # the rows say feasible true/false; which bounds, on stderr as the note below: stdout stays the list
-            print(f"paretolab: feasible frontier under: {'; '.join(rows.constraints)}", file=sys.stderr)
+            print(f"paretolab: feasible frontier under: {printable('; '.join(rows.constraints))}", file=sys.stderr)
         if note:
-            print(f"paretolab: warning: {note}", file=sys.stderr)
+            print(f"paretolab: warning: {printable(note)}", file=sys.stderr)
     else:
         print_frontier(args.study, rows)
         if note:
-            print(f"warning: {note}")
+            print(f"warning: {printable(note)}")
     return 0
 
 
@@ -62,6 +63,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     import shlex
 
     from paretolab.errors import ConfigError
+    from paretolab.data.names import markdown_text, printable
     from paretolab.results.section import study_section
 
     from paretolab.data.outputs import check_file_output, write_text
@@ -76,12 +78,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             if len(args.studies) == 1:
                 raise
-            print(f"paretolab: warning: {exc}", file=sys.stderr)
-            sections.append(f"## {name}\n\nNot in the stores yet: run its pipeline (`paretolab run pipelines/{name}.yaml`).\n")
+            print(f"paretolab: warning: {printable(exc)}", file=sys.stderr)
+            sections.append(f"## {markdown_text(name)}\n\nNot in the stores yet: run its pipeline (`paretolab run pipelines/{printable(name)}.yaml`).\n")
     if not args.output:
         print("\n".join(sections))
         return 0
-    command = "paretolab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = printable("paretolab " + " ".join(shlex.quote(a) for a in sys.argv[1:]))  # the names it was given, escaped as in the sections
     head = [
         "# Results of the pipelines",
         "",

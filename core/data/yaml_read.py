@@ -46,6 +46,9 @@ def read_yaml_file(path: str | Path, what: str = "file", max_bytes: int = MAX_PI
     if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r} is a directory, not a YAML file; give the path of the file itself")
     if not path.is_file():
+        kind = _special_kind(path)
+        if kind:  # a device, a FIFO, a socket: never opened (/dev/zero has no end, a FIFO waits for a writer)
+            raise ConfigError(f"{what} {str(path)!r} is {kind}, not a regular file; give the path of a YAML file")
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
         size = path.stat().st_size
@@ -57,6 +60,19 @@ def read_yaml_file(path: str | Path, what: str = "file", max_bytes: int = MAX_PI
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check its permissions") from None
     return read_yaml(text, str(path))
+
+
+def _special_kind(path: Path) -> str:
+    """What ``path`` is when it exists but is neither a folder nor a regular file ("" when it does not exist)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return ""
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _syntax_message(exc: yaml.MarkedYAMLError, source: str) -> str:

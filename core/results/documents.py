@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paretolab.data.names import check_name, printable
 from paretolab.errors import ConfigError
 from paretolab.results.extras import check_extras
 from paretolab.results.load import MAX_LOAD
@@ -60,7 +61,9 @@ def read_manifest(root: Path) -> list[Document]:
         trials = entry.get("trials", "all")
         if trials not in ("all", "frontier"):
             raise ConfigError(f"{where}.trials: {trials!r}; use all or frontier")
-        studies = tuple(str(s) for s in entry["studies"])
+        if not isinstance(entry["studies"], list):
+            raise ConfigError(f"{where}.studies: expected a list of study names")
+        studies = tuple(check_name(s, f"{where}.studies[{j}]") for j, s in enumerate(entry["studies"]))
         timed = frozenset(str(s) for s in entry.get("timed") or [])
         if timed - set(studies):
             raise ConfigError(f"{where}.timed: {sorted(timed - set(studies))[0]!r} is not among its studies")
@@ -117,15 +120,18 @@ def bundle_path(root: Path, study: str) -> Path:
 
 
 def study_state(root: Path, study: str) -> tuple[str, str]:
-    """("current" | "missing" | "stale", why) for a study's committed bundle against today's pipelines/STUDY.yaml."""
+    """("current" | "missing" | "stale" | "unknown", why) for a study's committed bundle against today's pipelines/STUDY.yaml
+    ("unknown": neither a bundle nor a pipeline of that name, a misspelling in results/documents.yaml)."""
     from paretolab.results.bundle import read_bundle
     from paretolab.study.spec import pipeline_hash
     from paretolab.data.yaml_read import read_yaml
 
     bundle = bundle_path(root, study)
+    pipeline = root / "pipelines" / f"{study}.yaml"
+    if not bundle.is_file() and not pipeline.is_file():  # nothing to run it from: a misspelling, not a study to run
+        return "unknown", unknown_study(root, study)
     if not bundle.is_file():
         return "missing", f"no {bundle.relative_to(root)}"
-    pipeline = root / "pipelines" / f"{study}.yaml"
     if not pipeline.is_file():
         return "stale", f"no {pipeline.relative_to(root)} to compare with"
     wanted = pipeline_hash(read_yaml(pipeline.read_text(encoding="utf-8"), str(pipeline)))
@@ -142,6 +148,15 @@ def study_state(root: Path, study: str) -> tuple[str, str]:
     if isinstance(expected, int) and finished < expected:
         return "stale", f"bundle holds {finished} of {expected} trials"
     return "current", ""
+
+
+def unknown_study(root: Path, study: str) -> str:
+    """Why a study of results/documents.yaml is no study: no bundle and no pipeline of its name, and the closest name."""
+    import difflib
+
+    names = sorted(p.name[:-len(".yaml")] for p in (root / "pipelines").glob("*.yaml"))
+    close = difflib.get_close_matches(study, names, n=1)
+    return f"unknown study {study} (no pipeline named so{f'; did you mean {close[0]}?' if close else ''})"
 
 
 def busy_timing(root: Path, study: str, max_load: float) -> str:
@@ -263,7 +278,7 @@ def render_document(doc: Document, source: Any, root: Path | None = None) -> str
         from paretolab.results.extras import render_extras
 
         sections += render_extras(doc.extras, source, root, doc.path)
-    return "\n".join(head + sections)
+    return printable("\n".join(head + sections), lines=True)  # a bundle's machines, names, reasons: no terminal escape in a document
 
 
 def _default_metrics() -> list[str]:

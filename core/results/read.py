@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from paretolab.data.names import printable
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.numbers import metric_value, params_text
 from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
@@ -120,7 +121,7 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
         print(f"study {name!r} has no completed trials yet")
         return
     constraints = list(getattr(rows, "constraints", None) or [])
-    under = f"; feasible frontier under: {'; '.join(constraints)}" if constraints else ""
+    under = f"; feasible frontier under: {printable('; '.join(constraints))}" if constraints else ""
     front = [r for r in rows if r.get("feasible", True)]
     left_off = [r for r in rows if not r.get("feasible", True)]
     if front:
@@ -137,8 +138,9 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
 
 def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: str = "") -> None:
     metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON, "engine", "engine_ppl")]
-    header = ["trial", *metrics, *extra, "params"]
-    lines = [[f"{r['trial']}{mark}", *(metric_value(m, r[m]) for m in metrics), *cells(r), _params(r["params"])] for r in rows]
+    header = [printable(h) for h in ("trial", *metrics, *extra, "params")]  # metric names and params from the store: escaped
+    lines = [[printable(cell) for cell in (f"{r['trial']}{mark}", *(metric_value(m, r[m]) for m in metrics), *cells(r), _params(r["params"]))]
+             for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
@@ -188,7 +190,7 @@ def print_failures(name: str, reasons: list[tuple[str, int]]) -> None:
     if reasons:
         print(f"failed trials of {name!r} by reason:")
         for reason, count in reasons:
-            print(f"  {count:>4} x {reason}")
+            print(f"  {count:>4} x {printable(reason)}")
 
 
 def _params(params: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import optuna
 
+from paretolab.data.names import markdown_text, printable
 from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.numbers import metric_value, number, param_value
@@ -51,7 +52,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
     constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     feasible = [r for r in rows if r.get("feasible", True)]
     lines = [
-        f"## {name}",
+        f"## {markdown_text(name)}",  # a name from a store or a bundle: one heading, whatever it holds
         "",
         *_papers_claim(pipeline),
         *_claim(pipeline, rows, stores),
@@ -70,7 +71,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
     if note:
         lines += [f"> **{note}.**", ""]
     if not rows:
-        return "\n".join([*lines, "No complete trials yet.", ""])
+        return printable("\n".join([*lines, "No complete trials yet.", ""]), lines=True)
     shown = per_method(objectives, rows, frontier=frontier)
     wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
     columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
@@ -102,7 +103,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
     # a study that served its trials by engines leads with them (their ratios against none); every trial's row follows
     lines += [*engines, *(["### Every trial", ""] if engines else []), markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend,
               *_base_timings(rows)]
-    return "\n".join(lines)
+    return printable("\n".join(lines), lines=True)  # whatever a store or a bundle held: no terminal escape in the document
 
 
 INFEASIBLE = "infeasible because"
@@ -121,7 +122,7 @@ def constraint_lines(constraints: list[str], objectives: list[tuple[str, str]], 
         left = [r for r in bad if r["trial"] in would]
         if left:
             text += " Left off as infeasible (on their method's frontier without the constraints): " + "; ".join(
-                f"✗ trial {r['trial']} ({r['method']}): {r.get(REASON) or 'no reason recorded'}" for r in left) + "."
+                f"✗ trial {r['trial']} ({markdown_text(r['method'])}): {markdown_text(r.get(REASON) or 'no reason recorded')}" for r in left) + "."
     elif bad:
         text += f" The `{INFEASIBLE}` column marks them (✗)."
     return [text, ""]
@@ -161,7 +162,7 @@ def _why_failed(study: optuna.Study) -> str:
     from paretolab.results.read import failure_reasons
 
     reasons = failure_reasons(study.get_trials(deepcopy=False))
-    return f" ({'; '.join(f'{count}× {reason}' for reason, count in reasons)})" if reasons else ""
+    return f" ({'; '.join(f'{count}× {markdown_text(reason)}' for reason, count in reasons)})" if reasons else ""
 
 
 def _papers_claim(pipeline: dict[str, Any]) -> list[str]:
@@ -364,10 +365,11 @@ def _pipeline_params(pipeline: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A GitHub-flavoured Markdown table; numbers to 4 significant digits."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    """A GitHub-flavoured Markdown table; numbers to 4 significant digits; each cell one line and one column, whatever
+    text it holds (``paretolab.data.names.markdown_text``)."""
+    lines = ["| " + " | ".join(markdown_text(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(c), c) for c in columns) + " |")
+        lines.append("| " + " | ".join(markdown_text(_cell(row.get(c), c)) for c in columns) + " |")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
     try:
         study = guarded("Optuna", stores.optuna_url, lambda: optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler))
     except KeyError:
+        refuse_twin(spec.name, storage, stores)
         study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, directions=directions)
         study.set_user_attr("pipeline_hash", spec.pipeline_hash())
         study.set_user_attr("objectives", [[o.metric, o.direction] for o in spec.objectives])
@@ -65,6 +66,18 @@ def open_study(spec: StudySpec, stores: Stores, resume: bool, trials: int | None
     if study.user_attrs.get("pipeline") != spec.raw:  # the same hash: only the description, claim, resources or budget changed
         study.set_user_attr("pipeline", spec.raw)  # the report reads the claim and description from here
     return study
+
+
+def refuse_twin(name: str, storage: Any, stores: Stores) -> None:
+    """Refuse to create study ``name`` beside a study whose name is the same under Unicode normalisation (``ｄｅｍｏ``
+    for ``demo``, from an old bundle or Optuna's own API): two studies a reader cannot tell apart (`run` and `check`)."""
+    from paretolab.data.names import twin_of
+
+    names = [s.study_name for s in guarded("Optuna", stores.optuna_url, lambda: optuna.get_all_study_summaries(storage, include_best_trial=False))]
+    twin = twin_of(name, names)
+    if twin is not None:
+        raise ConfigError(f"study {name!r}: {stores.redacted().optuna_url} already holds study {twin!r}, the same name under Unicode "
+                          f"normalisation (NFKC); resume that one under its own name, or remove it (`paretolab studies delete NAME`)")
 
 
 def check_same_pipeline(spec: StudySpec, study: optuna.Study, stores: Stores) -> None:

@@ -47,6 +47,7 @@ def checkout(tmp_path, constrained_home):
         "  - {path: pipelines/ONE.md, family: one, title: One, studies: [constrained], metrics: 'ppl,size_bytes,decode_tok_s', timed: [constrained]}\n"
         "  - {path: pipelines/OLD.md, family: old, title: Old, studies: [gone]}\n")
     (tmp_path / "pipelines" / "OLD.md").write_text(LEGACY_BANNER + "\n\nold numbers\n")
+    (tmp_path / "pipelines" / "gone.yaml").write_text("name: gone\n")  # a pipeline never run into a bundle: "missing"
     return tmp_path
 
 
