@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -31,6 +30,7 @@ MAX_ARTIFACT_BYTES = 8 * 1024 * 1024
 TRIAL_FOLDER = "paretolab-trial"  # each trial's workdir: TRIAL_FOLDER<number>-p<pid>-<random> in the temp folder
 STOPPED = "stopped_processes"  # result.info (and the Optuna user attr): the child processes a trial left, stopped at its end
 KEEP_CHILDREN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # Python's own helpers of this process
+TRIAL_TOKEN = "PARETOLAB_TRIAL"  # in the environment of every process a trial starts: how its leftovers are found
 
 
 def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, number: int,
@@ -255,17 +255,23 @@ def _shown(value: float) -> str:
 class TrialChildren:
     """The processes a trial starts, found and stopped at its end: the worker outlives its trials, their children must not.
 
-    The worker becomes a child subreaper (Linux), so a daemon that double-forks away from the plugin that started it is
-    re-parented to the worker, not to init, and is found here too. Children the process had before the trial (and
-    Python's own multiprocessing helpers) are left alone.
+    A trial's processes carry a token in their environment (``PARETOLAB_TRIAL``, set in this process for the trial and
+    inherited by whatever it starts), so a daemon that double-forks away from the plugin that started it, re-parented
+    to init, is found by the token (the way CI servers find a build's leftovers). Children the process had before the
+    trial (and Python's own multiprocessing helpers) are left alone. No process-wide setting changes: a child
+    subreaper would make every orphan of this process a zombie until reaped (a Ray worker's, a test runner's).
     """
 
     def __init__(self) -> None:
+        import uuid
+
         import psutil
 
-        _become_subreaper()
         self.me = psutil.Process()
         self.before = {_key(p) for p in self._children()}
+        self.token = uuid.uuid4().hex
+        self.previous = os.environ.get(TRIAL_TOKEN)
+        os.environ[TRIAL_TOKEN] = self.token
 
     def _children(self) -> list[Any]:
         import psutil
@@ -275,14 +281,34 @@ class TrialChildren:
         except psutil.Error:
             return []
 
-    def stop(self, grace: float = 3.0) -> str:
-        """Stop (SIGTERM, then SIGKILL after ``grace`` s) every child the trial left; what was stopped, as one line ("" for none)."""
+    def _marked(self) -> list[Any]:
+        """This user's processes whose environment carries the trial's token (double-forked daemons included)."""
         import psutil
 
-        left, said = [], []
-        for proc in self._children():
-            if _key(proc) in self.before:
+        found = []
+        for proc in psutil.process_iter(["uids"]):
+            try:
+                if proc.pid == self.me.pid or proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
+                    continue
+                if proc.environ().get(TRIAL_TOKEN) == self.token:
+                    found.append(proc)
+            except psutil.Error:
                 continue
+        return found
+
+    def stop(self, grace: float = 3.0) -> str:
+        """Stop (SIGTERM, then SIGKILL after ``grace`` s) every process the trial left; what was stopped, as one line ("" for none)."""
+        import psutil
+
+        if self.previous is None:
+            os.environ.pop(TRIAL_TOKEN, None)
+        else:
+            os.environ[TRIAL_TOKEN] = self.previous
+        left, said, seen = [], [], set()
+        for proc in [*self._children(), *self._marked()]:
+            if _key(proc) in self.before or proc.pid in seen:
+                continue
+            seen.add(proc.pid)
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:  # ended, not waited for: reaped below, not "left running"
                     _reap(proc)
@@ -336,22 +362,6 @@ def _reap(proc: Any) -> None:
     try:
         os.waitpid(proc.pid, os.WNOHANG)
     except OSError:  # not our child (psutil reaped it, or a grandchild re-parented elsewhere)
-        pass
-
-
-_SUBREAPER: list[bool] = []
-
-
-def _become_subreaper() -> None:
-    """PR_SET_CHILD_SUBREAPER once per process (Linux): orphans of a trial's processes come back to this one."""
-    if _SUBREAPER or not sys.platform.startswith("linux"):
-        return
-    _SUBREAPER.append(True)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
         pass
 
 

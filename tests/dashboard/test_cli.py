@@ -14,4 +14,4 @@ def test_dashboard_help_names_its_flags(tmp_path):
 
 def test_dashboard_refuses_a_bad_port(tmp_path):
     bad = run_cli("dashboard", "--port", "70000", "--home", str(tmp_path), cwd=tmp_path, check=False)
-    assert bad.returncode == 2 and "--port: expected 1..65535, got 70000" in bad.stderr
+    assert bad.returncode == 2 and "--port: 70000 is out of range; give a whole number from 1 to 65535" in bad.stderr

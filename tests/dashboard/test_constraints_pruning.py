@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from paretolab.dashboard import data
+from paretolab.dashboard.context import label
 from paretolab.dashboard.plots import frontier_points
 from paretolab.dashboard.static_plot import frontier_image
 from paretolab.stores import resolve_stores
@@ -83,6 +84,8 @@ def test_studies_page_counts_pruned_trials_and_the_trial_page_says_why_a_trial_i
     table = table.assign(study=table["study"].str.rsplit("=", n=1).str[-1]).set_index("study")  # a name is a link to its Frontier
     assert table.loc["pruned", ["complete", "pruned", "running"]].tolist() == [4, 1, 0]
     infeasible = open_app("Trial", "constrained", trial=INFEASIBLE_DOMINATING)
-    assert any(w.value.startswith(f"Infeasible: {WHY}. It stays off every frontier") for w in infeasible.warning)
+    # the reason as Markdown source, escaped (dashboard.context.label): the page shows the characters it holds
+    assert any(w.value.startswith(f"Infeasible: {label(WHY)}. It stays off every frontier") for w in infeasible.warning)
+    assert label(WHY) == r"decode\_tok\_s 100 breaks decode\_tok\_s \>= 150"
     pruned = open_app("Trial", "pruned", trial=PRUNED_TRIAL)
     assert any(i.value.startswith(f"Pruned at step {PRUNED_STEP}") for i in pruned.info)

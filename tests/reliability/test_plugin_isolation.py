@@ -5,6 +5,7 @@ processes a trial started are stopped with it, and the trial says so; no trial f
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -297,3 +298,18 @@ def test_no_trial_folder_is_left_in_the_temp_folder_after_a_trial_fails(register
     assert result.failed and "failed with files in its folder" in result.error
     # the trial's own folder is gone, and the folder a killed worker left (its process is gone); a live worker's stays
     assert sorted(p.name for p in temp.iterdir()) == [alive.name]
+
+
+def test_stopping_a_trials_children_changes_nothing_for_the_process_after_it():
+    """No process-wide setting: after a trial, an orphan of this process (a server's child whose parent died) is not
+    adopted by it as a zombie; a child subreaper made the engine server tests see their stopped servers still alive."""
+    from paretolab.study.trial import TrialChildren
+
+    TrialChildren().stop()
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE, text=True)
+    orphan = int(shell.stdout.readline())
+    shell.wait()
+    try:
+        assert psutil.Process(orphan).ppid() != os.getpid()  # re-parented to init (or the system's reaper), not to us
+    finally:
+        os.kill(orphan, signal.SIGKILL)
