@@ -80,7 +80,7 @@ def test_a_grid_is_handed_out_in_order_and_its_size_is_the_trial_count():
 def test_a_large_grid_is_not_written_up_front(tmp_path):
     # 300 x 300 = 90k points: nothing is enqueued when the study is created (the old driver wrote one
     # WAITING trial per point, each after scanning all the others)
-    raw = broken("stages", [{"method": "rtn", "params": {"bits": list(range(300)), "group_size": list(range(1, 301))}}])
+    raw = broken("stages", [{"method": "rtn", "params": {"bits": list(range(1, 301)), "group_size": list(range(1, 301))}}])  # bits 0 is refused
     spec = parse_spec({**raw, "search": {"sampler": "grid", "trials": 90_000}})
     from paretolab.study.optuna_study import open_study
 
