@@ -9,7 +9,11 @@ request per window.
 
 Reported (:func:`compare`): the engine's ppl with its bootstrap interval over windows, and the
 paired difference engine − trial over the same windows with its interval; ``gap`` is 1 where
-that interval excludes 0 (a difference beyond the noise of the windows), else 0.
+that interval excludes 0 (a difference beyond the noise of the windows) and the difference is larger
+than float rounding (:data:`ROUNDING`, relative to the trial's ppl), else 0. Without the floor, an
+engine computing the very same weights in its own kernels (vLLM's dense twin: a ppl 4e-7 away, every
+window off by a few 1e-7 nats the same way) read as a gap: rounding has no window-to-window noise,
+so its bootstrap interval is tiny and excludes 0.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ import numpy as np
 
 from paretolab.data import encode, load_corpus
 from paretolab.stats import ARTIFACT, Samples, bootstrap_interval, paired_difference
+
+
+ROUNDING = 1e-4
+"""A relative ppl difference at or under this is float rounding between kernels, never a gap (0.01 %)."""
 
 
 class EnginePplError(RuntimeError):
@@ -135,7 +143,7 @@ def compare(engine_nll: list[float], windows: Windows, prefix: str) -> dict[str,
     diff = paired_difference(mine, theirs)
     if diff is not None and mine.n > 1:
         out.update({f"{prefix}_ppl_diff": diff.diff, f"{prefix}_ppl_diff_ci_low": diff.low, f"{prefix}_ppl_diff_ci_high": diff.high,
-                    f"{prefix}_ppl_gap": 0.0 if diff.within_noise else 1.0})
+                    f"{prefix}_ppl_gap": 0.0 if diff.within_noise or abs(diff.diff) <= ROUNDING * theirs.value() else 1.0})
     elif diff is not None:
         out[f"{prefix}_ppl_diff"] = diff.diff
     return {k: v for k, v in out.items() if math.isfinite(v)}

@@ -40,3 +40,14 @@ def test_compare_arithmetic() -> None:
     assert worse["e_ppl_gap"] == 1.0
     assert worse["e_ppl_diff"] == pytest.approx(worse["e_ppl"] - same["e_ppl"])
     assert worse["e_ppl_diff_ci_low"] > 0
+
+
+def test_float_rounding_is_no_gap() -> None:
+    """An engine off by float rounding the same way on every window (vLLM's dense twin) has an interval that
+    excludes 0 but no gap; 1e-3 nats on every window is a gap."""
+    rng = np.random.default_rng(1)
+    trial = list(rng.uniform(2.5, 3.0, 8))
+    w = Windows(ids=[[0]] * 8, trial_nll=trial, weights=[511.0] * 8)
+    rounded = compare([x - 4e-7 + rng.uniform(-1e-8, 1e-8) for x in trial], w, "e")
+    assert rounded["e_ppl_diff_ci_high"] < 0 and rounded["e_ppl_gap"] == 0.0
+    assert compare([x + 1e-3 for x in trial], w, "e")["e_ppl_gap"] == 1.0
