@@ -115,8 +115,6 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         import paretolab.dashboard
     except ImportError as exc:
         raise ConfigError(f"the dashboard needs streamlit and plotly ({exc}); pip install streamlit plotly") from None
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port: expected 1..65535, got {args.port}")
     stores = stores_from_flags(args)
     from paretolab.stores.open import check_readable
 
