@@ -42,7 +42,8 @@ def load_study(name: str, *, home: str | None = None, stores: Stores | None = No
     from paretolab.results.source import BundleSource, source_of
     from paretolab.results.read import load_study as optuna_study
     from paretolab.results.read import trial_table
-    from paretolab.results.section import claim_trials, metric_bounds
+    from paretolab.results.metric_facts import chance_levels, metric_bounds, metric_exact
+    from paretolab.results.section import claim_trials
     from paretolab.stores.locations import resolve_stores
     from paretolab.study.report_spec import claims_from
 
@@ -55,7 +56,8 @@ def load_study(name: str, *, home: str | None = None, stores: Stores | None = No
     trials = pd.DataFrame([_flat(r) for r in rows])
     frontier = _frontier(trials, objectives)
     claims = claims_from(pipeline, {m.name: m.direction for m in registries().metrics})
-    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), source.per_example(), metric_bounds),
+    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), source.per_example(), metric_bounds,
+                                         chance_levels(pipeline, source), metric_exact),
                             columns=["claim", "metric", "method", "baseline", "setting", "expect", "margin", "scale", "verdict",
                                      "difference", "low", "high", "pairs", "trials"])
     return StudyFrames(name, [tuple(o) for o in objectives], trials, frontier, verdicts, pipeline)

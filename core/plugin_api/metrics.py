@@ -18,6 +18,10 @@ class Metric:
     ``estimated`` is True when the number is computed from a model of the cost (e.g. bytes a
     format *would* take) rather than measured on a run; methods add to this per trial through
     their ``cost_is`` (see ``Method``).
+
+    ``exact`` is True for a count or size the configuration fixes (bytes held, floats stored): the same on every
+    replicate and free of example noise. A claim on it whose replicates agree reads as an exact effect
+    ("held: −40.16 MiB on each of 3 seeds, deterministic") rather than "no variation observed".
     """
 
     name: str
@@ -25,6 +29,7 @@ class Metric:
     direction: Direction
     description: str
     estimated: bool = False
+    exact: bool = False
 
     @property
     def bounds(self) -> tuple[float, float] | None:

@@ -19,7 +19,15 @@ replicates and every shared setting, one verdict per setting. The estimate and i
   (the method is at most ``margin`` worse, in the metric's good direction), *did not hold* when it
   lies wholly beyond, else *inconclusive*; ``equivalent``: the interval within ±margin;
 - an interval of zero width is no verdict ("no variation observed"), nor is one replicate without
-  per-example scores.
+  per-example scores; but an *exact* metric (registered ``exact``: bytes held, floats stored) whose every replicate
+  reads the same on both arms is an exact effect, judged as it stands against the claim ("held: -40.16 MiB on each
+  of 3 seeds, deterministic").
+
+Before any of these, a comparison that cannot bear on the claim is no verdict, saying why: the method did not work
+(``works``), a calibrated side rests on too few draws, the trials did not get the budget the claim names (``budget:
+tokens`` — "at equal tokens": paired ``train_tokens`` more than ``budget_tolerance``, default 5 %, apart), or an arm is
+at chance (its median trial at or beyond what a uniform guess scores: perplexity at or above the model's vocabulary,
+accuracy at or below the chance rate its task declares; both arms there: "both at chance").
 
 A study that tests several claims (or one claim over several settings) also gets Holm-adjusted verdicts
 for the set. A claim about a value (``depth_alpha`` ≈ 1: ``target``, ``tolerance``) is judged on each
@@ -30,27 +38,31 @@ trial's stored interval (``<metric>_ci_low``/``_ci_high``) when it has one. An o
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.plugin_api.numbers import DIGITS, interval_digits, interval_text, metric_value, number, unit_of
-from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict
+from paretolab.plugin_api.numbers import DIGITS, UNITLESS, interval_digits, interval_text, metric_value, number, plural, unit_of
+from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict, worse_side
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
 from paretolab.study.report_spec import Claim
 
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
 Bounds = Callable[[str], "tuple[float, float] | None"]
+Chance = Callable[[str], "tuple[float, str] | None"]  # metric -> (what a uniform guess scores, how it is known: "vocabulary 49152")
+Exact = Callable[[str], bool]  # metric -> whether it is registered exact (a count or size the configuration fixes)
 
 __all__ = ["claim_lines", "claims_lines", "pair_trials", "trial_label", "verdict_rows"]
 
 
 def claims_lines(claims: list[Claim], trials: list[dict[str, Any]], curve: Callable[[str], Any],
-                 fetch: Callable[[str], Any] | None = None, bounds: Bounds | None = None) -> list[str]:
+                 fetch: Callable[[str], Any] | None = None, bounds: Bounds | None = None, chance: Chance | None = None,
+                 exact: Exact | None = None) -> list[str]:
     """Every claim's block, then (for more than one comparison) the Holm-adjusted verdicts of the set."""
     lines: list[str] = []
     tests: list[tuple[str, float | None, str]] = []  # (what, one-sided p, unadjusted verdict)
     for claim in claims:
-        lines += _one_claim(claim, trials, curve, fetch, bounds, tests)
+        lines += _one_claim(claim, trials, curve, fetch, bounds, tests, chance, exact)
     if len(tests) > 1:
         kept = holm([p for _, p, _ in tests])
         # Holm can only take a "held" away: every other comparison reads here as its own line says
@@ -62,31 +74,34 @@ def claims_lines(claims: list[Claim], trials: list[dict[str, Any]], curve: Calla
 
 
 def claim_lines(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str], Any],
-                fetch: Callable[[str], Any] | None = None, bounds: Bounds | None = None) -> list[str]:
+                fetch: Callable[[str], Any] | None = None, bounds: Bounds | None = None, chance: Chance | None = None,
+                exact: Exact | None = None) -> list[str]:
     """One claim's Markdown block (no Holm line)."""
-    return _one_claim(claim, trials, curve, fetch, bounds, [])
+    return _one_claim(claim, trials, curve, fetch, bounds, [], chance, exact)
 
 
 def _one_claim(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str], Any], fetch: Callable[[str], Any] | None,
-               bounds: Bounds | None, tests: list[tuple[str, float | None, str]]) -> list[str]:
+               bounds: Bounds | None, tests: list[tuple[str, float | None, str]], chance: Chance | None = None,
+               exact: Exact | None = None) -> list[str]:
     if claim.target is not None:
         return value_claim_lines(claim, trials)
     groups, ambiguous = group_pairs(claim, trials)
     on = "no replicate (each setting rests on its examples)" if not claim.replicates else \
         f"replicates `{claim.pair_by}` and every other shared setting"
     expected = claim.expect if claim.margin is None else f"{claim.expect} within a margin of {_margin(claim)}"
+    budget = (f", at equal {claim.budget} (paired `{claim.budget_metric}` within {_percent(claim.budget_tolerance)})"
+              if claim.budget else "")
     lines = [f"**Claim:** {claim.text}", "",
              f"Method `{claim.method}` against baseline `{claim.baseline}` on `{claim.metric}` ({expected} expected"
-             f"{', judged as a ratio' if claim.scale == 'log' else ''}), paired on {on}.", ""]
+             f"{', judged as a ratio' if claim.scale == 'log' else ''}), paired on {on}{budget}.", ""]
     if not groups:
         lines.append(f"**Verdict: no verdict: no matched pairs** — {claim.metric} {claim.method} − {claim.baseline}: "
                      "no pair of trials with the same replicate and settings reported it.")
     if len(groups) > 1:
         lines += [f"The arms span {len(groups)} settings ({', '.join(n for n, _ in groups[0].setting)}): one verdict per setting.", ""]
-    for group, est, said in _judged(claim, groups, fetch, bounds):
+    for group, est, said, p in _judged(claim, groups, fetch, bounds, chance, exact):
         at = f" at {group.label()}" if group.setting else ""
         lines.append(f"**Verdict{at}: {said}** — {_difference(claim, est, group)}.")
-        p = None if said.startswith("no verdict") else p_value(est, claim.expect, claim.better, _band(claim))
         tests.append((f"`{claim.metric}` {claim.method}{at}", p, said))
         if claim.reference:
             lines.append(gap_line(claim, group, trials))
@@ -96,13 +111,111 @@ def _one_claim(claim: Claim, trials: list[dict[str, Any]], curve: Callable[[str]
     return [*lines, ""]
 
 
-def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | None, bounds: Bounds | None) -> Any:
-    """(group, estimate, verdict) for each group with an estimate: the one place a verdict is reached."""
+def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | None, bounds: Bounds | None,
+            chance: Chance | None = None, exact: Exact | None = None) -> Any:
+    """(group, estimate, verdict, one-sided p for Holm) for each group with an estimate: the one place a verdict is reached."""
     rng = bounds(claim.metric) if bounds else None
     for group in groups:
         est = estimate(group.pairs, claim.metric, log=claim.scale == "log", fetch=fetch, bounds=rng)
-        if est is not None:
-            yield group, est, did_not_work(claim, group) or calibration_verdict(group) or verdict(est, claim.expect, claim.better, _band(claim))
+        if est is None:
+            continue
+        said = (did_not_work(claim, group) or calibration_verdict(group) or budget_verdict(claim, group)
+                or chance_verdict(claim, group, chance))
+        if said is not None:
+            yield group, est, said, None
+            continue
+        said = exact_verdict(claim, est, group, exact)
+        if said is not None:  # an exact effect carries no sampling error: it holds for Holm as it holds here
+            yield group, est, said, 0.0 if said.startswith("held") else 1.0
+            continue
+        said = verdict(est, claim.expect, claim.better, _band(claim))
+        yield group, est, said, None if said.startswith("no verdict") else p_value(est, claim.expect, claim.better, _band(claim))
+
+
+def _side_values(group: Group, side: int, metric: str) -> list[float]:
+    """The finite values of ``metric`` on one side (0: method, 1: baseline) of a group, each trial once, sorted."""
+    seen = {int(pair[side]["trial"]): pair[side].get(metric) for pair in group.pairs}
+    return sorted(float(v) for v in seen.values() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+def _span(metric: str, values: list[float]) -> str:
+    low, high = metric_value(metric, values[0]), metric_value(metric, values[-1])
+    return low if low == high else f"{low}–{high}"
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g} %"
+
+
+def budget_verdict(claim: Claim, group: Group) -> str | None:
+    """"no verdict: budgets differ" when the claim names a budget (``budget: tokens``: "at equal tokens") that some pair of
+    trials did not get within ``budget_tolerance`` of each other (relative to the larger), e.g. a time cap that bound one
+    arm under load; no verdict too, naming the trials, where a trial recorded no budget to check. None where the budgets match."""
+    name = claim.budget_metric
+    if name is None:
+        return None
+    missing = sorted({int(t["trial"]) for pair in group.pairs for t in pair
+                      if not isinstance(t.get(name), (int, float)) or not math.isfinite(float(t[name]))})
+    if missing:
+        return (f"no verdict: the claim is at equal {claim.budget}, but trial(s) {', '.join(map(str, missing))} recorded no "
+                f"`{name}` to check it by")
+    tolerance = claim.budget_tolerance
+    if all(abs(float(m[name]) - float(b[name])) <= tolerance * max(abs(float(m[name])), abs(float(b[name]))) for m, b in group.pairs):
+        return None
+    return (f"no verdict: budgets differ ({claim.budget} {claim.method} {_span(name, _side_values(group, 0, name))} vs "
+            f"{claim.baseline} {_span(name, _side_values(group, 1, name))}, more than {_percent(tolerance)} apart)")
+
+
+def chance_verdict(claim: Claim, group: Group, chance: Chance | None) -> str | None:
+    """"no verdict: both at chance" (or "the baseline is at chance", "the method is at chance") where an arm's median
+    trial scores at or beyond what a uniform guess does on the claim's metric (``chance``: the model's vocabulary for a
+    perplexity, the task's chance rate for an accuracy): a difference between guesses, or from one, says nothing."""
+    level = chance(claim.metric) if chance is not None else None
+    if level is None:
+        return None
+    value, known = level
+    lower = claim.better == "lower"
+    at = []
+    for side, label in ((0, claim.method), (1, claim.baseline)):
+        values = _side_values(group, side, claim.metric)
+        if values:
+            median = statistics.median(values)
+            if (median >= value) if lower else (median <= value):
+                at.append((side, label, values))
+    if not at:
+        return None
+    who = "both at chance" if len(at) == 2 else f"the {'method' if at[0][0] == 0 else 'baseline'} is at chance"
+    listed = " and ".join(f"{label} {_span(claim.metric, values)}" for _, label, values in at)
+    return f"no verdict: {who} ({claim.metric} {listed} {'≥' if lower else '≤'} {known})"
+
+
+def exact_verdict(claim: Claim, est: Estimate, group: Group, exact: Exact | None) -> str | None:
+    """An exact effect: the claim's metric is registered ``exact`` (a count or size the configuration fixes) and every
+    replicate (two at least) reads the same on each arm. Judged as it stands: ``lower``/``higher`` hold when it moved the
+    claimed way, ``no_worse`` when it is at most the margin worse, ``equivalent`` when within ±margin. None otherwise
+    (then an interval of zero width stays "no variation observed")."""
+    if exact is None or not est.zero_width or est.replicates < 2 or not exact(claim.metric):
+        return None
+    if any(len({float(pair[side][claim.metric]) for pair in group.pairs}) != 1 for side in (0, 1)):
+        return None
+    worse = worse_side(claim.better, est.mean, est.mean)[0]  # positive: the method is worse
+    band = _band(claim)
+    if claim.expect in ("lower", "higher"):
+        held = worse_side(claim.expect, est.mean, est.mean)[0] < 0
+    elif claim.expect == "no_worse":
+        assert band is not None
+        held = worse <= band[1]
+    else:
+        assert band is not None
+        held = band[0] <= worse <= band[1]
+    if claim.scale == "log":
+        shown = f"×{number(math.exp(est.mean))}"
+    else:
+        unit = unit_of(claim.metric)
+        shown = metric_value(claim.metric, est.mean, signed=True) + (f" {unit}" if unit not in UNITLESS and unit != "bytes" else "")
+    names = [r.split(".")[-1] for r in claim.replicates]
+    each = plural(names[0]) if len(names) == 1 else "replicates" if names else "pairs"
+    return f"{'held' if held else 'did not hold'}: {shown} on each of {est.replicates} {each}, deterministic"
 
 
 def did_not_work(claim: Claim, group: Group) -> str | None:
@@ -137,7 +250,7 @@ def calibration_verdict(group: Group) -> str | None:
 
 
 def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Callable[[str], Any] | None = None,
-                 bounds: Bounds | None = None) -> list[dict[str, Any]]:
+                 bounds: Bounds | None = None, chance: Chance | None = None, exact: Exact | None = None) -> list[dict[str, Any]]:
     """The verdicts as data (``paretolab.load_study(...).verdicts``): one row per claim and setting, as the report says them.
 
     ``difference``/``low``/``high`` are method − baseline, or the ratio method ÷ baseline for a ``scale: log`` claim.
@@ -149,7 +262,7 @@ def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Calla
             continue
         groups, _ = group_pairs(claim, trials)
         back = math.exp if claim.scale == "log" else (lambda v: v)
-        for group, est, said in _judged(claim, groups, fetch, bounds):
+        for group, est, said, _ in _judged(claim, groups, fetch, bounds, chance, exact):
             rows.append({"claim": claim.text, "metric": claim.metric, "method": claim.method, "baseline": claim.baseline,
                          "setting": group.label() if group.setting else "", "expect": claim.expect, "margin": claim.margin,
                          "scale": claim.scale, "verdict": said, "difference": back(est.mean),

@@ -263,6 +263,8 @@ def render_document(doc: Document, source: Any, root: Path | None = None) -> str
             continue
         if record is not None:
             provenance.append((name, record.provenance))
+            if root is not None:
+                current_claims(root, name, record)
         sections.append(study_section(name, source, list(doc.metrics) or _default_metrics(), frontier=doc.trials == "frontier"))
     head = [
         f"# {doc.title}",
@@ -279,6 +281,31 @@ def render_document(doc: Document, source: Any, root: Path | None = None) -> str
 
         sections += render_extras(doc.extras, source, root, doc.path)
     return printable("\n".join(head + sections), lines=True)  # a bundle's machines, names, reasons: no terminal escape in a document
+
+
+def current_claims(root: Path, study: str, record: Any) -> None:
+    """Judge the claims ``pipelines/STUDY.yaml`` states now, where the bundle ran that very pipeline otherwise.
+
+    Claims are left out of the pipeline hash (a trial never reads them), so a claim stated more precisely after its
+    study ran (``budget: tokens`` on a claim "at equal tokens") leaves the bundle current; the document then judges the
+    stored trials against the claim as it now reads, and ``render --check`` calls it stale until it is re-rendered.
+    A pipeline whose hash differs from the bundle's is another study: its claims are not applied to these trials."""
+    from paretolab.data.yaml_read import read_yaml
+    from paretolab.study.spec import pipeline_hash
+
+    path = root / "pipelines" / f"{study}.yaml"
+    stored = record.user_attrs.get("pipeline")
+    if not path.is_file() or not isinstance(stored, dict):
+        return
+    try:
+        now = read_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ConfigError):
+        return
+    if not isinstance(now, dict) or pipeline_hash(now) != record.user_attrs.get("pipeline_hash"):
+        return
+    claims = {key: now[key] for key in ("claim", "claims") if key in now}
+    if claims != {key: stored[key] for key in ("claim", "claims") if key in stored}:
+        record.user_attrs["pipeline"] = {**{k: v for k, v in stored.items() if k not in ("claim", "claims")}, **claims}
 
 
 def _default_metrics() -> list[str]:

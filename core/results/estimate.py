@@ -12,7 +12,8 @@ The interval adds the two half-widths in quadrature, so one replicate still gets
 from its examples and replicates that agree exactly still carry their example noise. With two or
 three replicates the t quantile is large on purpose: a spread seen twice is a poor estimate of itself.
 A bounded metric's difference is clipped to what the metric can take (±1 for a fraction). An
-interval of zero width is no verdict: no variation was observed.
+interval of zero width is no verdict: no variation was observed (unless the metric is registered exact and each arm
+reads the same on every replicate: then :mod:`paretolab.results.claims` judges the exact effect as it stands).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.numbers import metric_value, number, param_value
 from paretolab.results.claims import claims_lines, trial_label
+from paretolab.results.metric_facts import chance_levels, metric_bounds, metric_exact
 from paretolab.results.engines import engine_lines
 from paretolab.results.frontier import CONSTRAINTS, frontier_lines
 from paretolab.results.noise import QUALITY, quality_cells
@@ -190,7 +191,8 @@ def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], source: Source)
     claims = claims_from(pipeline, {m.name: m.direction for m in metrics})
     if not claims:
         return []
-    return claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds)
+    return claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds,
+                        chance_levels(pipeline, source), metric_exact)
 
 
 def verdict_summary(name: str, stores: Stores | Source) -> list[str]:
@@ -208,12 +210,6 @@ def verdict_summary(name: str, stores: Stores | Source) -> list[str]:
 def claim_trials(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trial rows as claims read them: each with its arm's label and its parameters by name."""
     return [{**r, "label": _choice_label(pipeline, r), "params": named_params(r)} for r in rows]
-
-
-def metric_bounds(metric: str) -> tuple[float, float] | None:
-    """The range a registered metric's values cannot leave (fractions: 0..1), for clipping intervals."""
-    metrics = registries().metrics
-    return metrics.get(metric).bounds if metric in metrics else None
 
 
 def _frontiers(pipeline: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

@@ -16,7 +16,7 @@ from paretolab.errors import ConfigError
 from paretolab.study.fields import lookup, no_unknown
 
 FIELDS = ("text", "metric", "method", "baseline", "expect", "replicates", "pair_by", "margin", "scale",
-          "reference", "target", "tolerance", "works")
+          "reference", "target", "tolerance", "works", "budget", "budget_tolerance")
 
 
 NO_PAIR_BY = "none"  # pair_by: none (or replicates: []) - no replicate: pair on the shared parameters alone
@@ -24,6 +24,10 @@ NO_PAIR_BY = "none"  # pair_by: none (or replicates: []) - no replicate: pair on
 
 EXPECT = ("lower", "higher", "no_worse", "equivalent")
 SCALES = ("linear", "log")
+# A budget a claim names ("at equal tokens"): the metric the train stage records it in. Any other registered metric
+# (expert_bytes, ...) can be named too; the verdict is then reached only where the paired trials recorded it equal.
+BUDGETS = {"tokens": "train_tokens", "steps": "train_steps", "flops": "train_flops"}
+BUDGET_TOLERANCE = 0.05  # budgets within 5 % of the larger count as equal unless the claim says otherwise
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,17 @@ class Claim:
     scale: str = "linear"  # log: judge the ratio method ÷ baseline (ppl, bytes, time)
     better: str = "lower"  # the metric's good direction: lower or higher
     works: str | None = None  # a metric that is 1 where the method did what it is for (decode_ok): below 1, no verdict there
+    budget: str | None = None  # "tokens", "steps", "flops" or a metric: the claim is at equal budget (no verdict where it is not)
+    budget_tolerance: float = BUDGET_TOLERANCE  # how far apart (relative to the larger) paired budgets may be and still count as equal
 
     def __post_init__(self) -> None:
         if isinstance(self.replicates, str):  # the pair_by spelling: one name, or none
             object.__setattr__(self, "replicates", () if self.replicates == NO_PAIR_BY else (self.replicates,))
+
+    @property
+    def budget_metric(self) -> str | None:
+        """The metric the claim's budget is recorded in (``train_tokens`` for ``budget: tokens``), or None."""
+        return BUDGETS.get(self.budget, self.budget) if self.budget else None
 
     @property
     def pair_by(self) -> str:
@@ -122,8 +133,27 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any, *, where: str = "c
         raise ConfigError(f"{where}.baseline: {raw['baseline']!r} is also the claim's method; compare the method with another choice")
     replicates = _replicates(raw, params, where)
     better = "lower" if metric.direction == "minimize" else "higher"
+    budget, tolerance = _budget(raw, regs, where)
     return Claim(raw["text"].strip(), metric.name, raw["method"], raw["baseline"], expect, replicates, raw.get("reference"),
-                 margin=margin, scale=scale, better=better, works=works)
+                 margin=margin, scale=scale, better=better, works=works, budget=budget, budget_tolerance=tolerance)
+
+
+def _budget(raw: dict[str, Any], regs: Any, where: str) -> tuple[str | None, float]:
+    """``budget: tokens`` (steps, flops, or a registered metric) and its ``budget_tolerance`` (default 5 %)."""
+    if "budget_tolerance" in raw and "budget" not in raw:
+        raise ConfigError(f"{where}.budget_tolerance: belongs to a budget; add budget: tokens (or steps, flops) or drop it")
+    tolerance = raw.get("budget_tolerance", BUDGET_TOLERANCE)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) or not 0 <= tolerance < 1:
+        raise ConfigError(f"{where}.budget_tolerance: expected a fraction in [0, 1) (0.05: paired budgets within 5 % of the larger "
+                          f"count as equal), got {tolerance!r}")
+    budget = raw.get("budget")
+    if budget is None:
+        return None, float(tolerance)
+    if not isinstance(budget, str) or not budget.strip():
+        raise ConfigError(f"{where}.budget: expected {', '.join(BUDGETS)} or a metric name (the budget the claim holds equal), got {budget!r}")
+    if budget not in BUDGETS:
+        lookup(regs.metrics, budget, f"{where}.budget")
+    return budget, float(tolerance)
 
 
 def _margin(raw: dict[str, Any], expect: str, where: str) -> float | None:
@@ -162,7 +192,7 @@ def _parse_value_claim(raw: dict[str, Any], regs: Any, where: str = "claim") -> 
     for key in ("text", "metric", "target", "tolerance"):
         if key not in raw:
             raise ConfigError(f"{where}.{key}: required field is missing (a value claim needs text, metric, target and tolerance)")
-    for key in ("method", "baseline", "reference", "pair_by", "replicates", "expect", "margin", "scale"):
+    for key in ("method", "baseline", "reference", "pair_by", "replicates", "expect", "margin", "scale", "budget", "budget_tolerance"):
         if key in raw:
             raise ConfigError(f"{where}.{key}: a value claim (target, tolerance) compares no methods; drop {key} or drop target/tolerance")
     if not isinstance(raw["text"], str) or not raw["text"].strip():
@@ -200,9 +230,12 @@ def claim_from(raw: Any, directions: dict[str, str] | None = None) -> Claim | No
     replicates = () if value in (NO_PAIR_BY, None) else (value,) if isinstance(value, str) else tuple(map(str, value))
     margin = raw.get("margin")
     better = "higher" if (directions or {}).get(raw["metric"]) == "maximize" else "lower"
+    tolerance = raw.get("budget_tolerance", BUDGET_TOLERANCE)
     return Claim(raw["text"], raw["metric"], raw["method"], raw["baseline"], str(raw.get("expect", "lower")), replicates, reference,
                  margin=float(margin) if isinstance(margin, (int, float)) else None, scale=str(raw.get("scale", "linear")), better=better,
-                 works=raw.get("works") if isinstance(raw.get("works"), str) else None)
+                 works=raw.get("works") if isinstance(raw.get("works"), str) else None,
+                 budget=raw.get("budget") if isinstance(raw.get("budget"), str) else None,
+                 budget_tolerance=float(tolerance) if isinstance(tolerance, (int, float)) else BUDGET_TOLERANCE)
 
 
 def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str]]:

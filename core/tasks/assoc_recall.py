@@ -24,7 +24,7 @@ import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -88,6 +88,7 @@ class AssocRecall(Task):
     name = "assoc_recall"
     metrics = ("acc", "acc_stderr", "n_examples")
     options = AssocRecallOptions
+    chance: ClassVar[dict[str, float]] = {"acc": 1 / len(VALUES)}  # a value guessed among the 26 letters
 
     def evaluate(self, subject: Subject, options: AssocRecallOptions, ctx: TrialContext) -> dict[str, float]:
         text, _ = load_corpus(options.corpus)

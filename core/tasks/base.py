@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.subject import Subject
@@ -14,6 +14,10 @@ class Task:
     name: str = ""
     metrics: tuple[str, ...] = ()
     options: type = object
+    # What a uniform guess scores on a metric, where the task fixes it (recall of one of 26 letters: acc 1/26). The
+    # verdicts read an arm at or below it as at chance: a comparison of guesses is no evidence. Multiple-choice tasks
+    # leave it out: their options per row (1/k) come with the dataset, not the task.
+    chance: ClassVar[dict[str, float]] = {}
 
     def evaluate(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
         raise NotImplementedError

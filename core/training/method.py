@@ -48,7 +48,7 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     Metric("train_tokens", "tokens", "minimize", "train stage: training tokens (predicted positions), all train stages"),
     Metric("train_tok_s", "tokens/s", "maximize", "train stage: training tokens per second of optimizer steps (evaluation points left out), last train stage"),
     Metric("train_s", "s", "minimize", "train stage: wall time of the train stages, evaluation points included"),
-    Metric("peak_act_mb", "MiB", "minimize", "train stage: activations saved for backward over one step, the largest over each distinct step shape (saved-tensor hooks, unique storages, weights left out)"),
+    Metric("peak_act_mb", "MiB", "minimize", "train stage: activations saved for backward over one step, the largest over each distinct step shape (saved-tensor hooks, unique storages, weights left out)", exact=True),
     Metric("train_mem_mb", "MiB", "minimize", "train stage: parameters + gradients + AdamW state + peak_act_mb (a model of the footprint, not an allocator reading)"),
     Metric("train_steps", "steps", "minimize", "train stage: optimizer steps, all train stages"),
 )

@@ -58,6 +58,7 @@ class ScratchModel(ModelSource):
     """A seeded random-init Llama of a fixed shape on the pystdlib BPE tokenizer; ``pull`` trains the tokenizer once."""
 
     weights = "random init"
+    vocab_size = VOCAB_SIZE
 
     def __init__(self, name: str, shape: Shape, params: int, note: str = "", *, seed: int = 0) -> None:
         self.name, self.shape, self.params, self.seed = name, shape, params, seed
@@ -103,6 +104,7 @@ class SmolVocabScratch(ScratchModel):
 
     def __init__(self, name: str, shape: Shape, params: int, note: str = "", *, seed: int = 0) -> None:
         super().__init__(name, shape, params, note, seed=seed)
+        self.vocab_size = SMOL_VOCAB_SIZE
         s = shape
         self.description = (
             f"{params:,} parameters: random-init Llama ({s.layers} layers, hidden {s.hidden}, {s.heads} heads, SwiGLU {s.intermediate}, "

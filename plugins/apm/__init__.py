@@ -124,7 +124,7 @@ METRICS = (
     Metric("pairs_storage_floats", "floats", "minimize", "paired_retrieval: floats of the kept pairs (pairs x (dim_a + dim_b))"),
     Metric("distill_s", "s", "minimize", "apm, mtt: wall time of distillation (teacher matrices or expert trajectories + matching steps)"),
     Metric("distill_storage_floats", "floats", "minimize",
-           "apm, mtt: floats distillation keeps of the real data (apm: Gram of A, Gram of B, cross-covariance; mtt: every expert checkpoint)"),
+           "apm, mtt: floats distillation keeps of the real data (apm: Gram of A, Gram of B, cross-covariance; mtt: every expert checkpoint)", exact=True),
     Metric("match_loss_init", "rel. sq. Frobenius", "minimize", "apm: parameter-matching loss of the initial (random real) pairs"),
     Metric("match_loss", "rel. sq. Frobenius", "minimize", "apm, mtt, random_pairs: the pairs' closed-form projectors against the teacher's"),
     Metric("traj_storage_floats_model", "floats", "minimize",

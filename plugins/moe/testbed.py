@@ -108,7 +108,10 @@ class TinyMoe(ModelSource):
     """A Qwen3-MoE of a fixed shape on the pystdlib BPE tokenizer; ``pull`` trains it once on ``moe-mix-train`` and caches it."""
 
     def __init__(self, name: str, shape: MoeShape, budget: Budget | None, note: str = "") -> None:
+        from paretolab.training.tokenizer import VOCAB_SIZE
+
         self.name, self.shape, self.budget = name, shape, budget
+        self.vocab_size = VOCAB_SIZE  # the pystdlib BPE tokenizer its config is built on
         s = shape
         what = (f"Qwen3-MoE ({s.layers} layers, hidden {s.hidden}, {s.experts} experts of SwiGLU {s.expert_inner}, top-{s.top_k}, "
                 f"vocab 4096 byte-level BPE)")

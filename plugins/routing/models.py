@@ -25,6 +25,7 @@ class LayerDroppedSmolLM2(ModelSource):
         self.name = f"smollm2-135m-drop{k}"
         self.description = f"SmolLM2-135M with the {k} of 30 layers of lowest block influence (ShortGPT, pydoc 8x256 tokens, seed 0) removed"
         self.weights = SmolLM2.weights
+        self.vocab_size = SmolLM2.vocab_size
         self.base = SmolLM2()
 
     def is_cached(self) -> bool:

@@ -41,7 +41,7 @@ def test_a_claim_parses_and_is_left_out_of_the_pipeline_hash():
 @pytest.mark.parametrize(
     "path, value, message",
     [
-        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, replicates, pair_by, margin, scale, reference, target, tolerance, works}, got 'better'"),
+        ("claim", "better", "claim: expected a mapping {text, metric, method, baseline, expect, replicates, pair_by, margin, scale, reference, target, tolerance, works, budget, budget_tolerance}, got 'better'"),
         ("claim.verdict", "held", "claim.verdict: unknown field"),
         ("claim.text", KeyError, "claim.text: required field is missing"),
         ("claim.metric", "perplexity", "claim.metric: unknown metric 'perplexity'"),
