@@ -28,7 +28,7 @@ import torch
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.cost_claims import (  # noqa: F401  (held_bytes, needed_bits, size_shortfalls, observable_state: for plugins' tests)
-    LOSSLESS_TOLERANCE, PARAMETER_KINDS, held_bytes, needed_bits, observable_state, output_change, parameter_effects, size_shortfalls, weights_of)
+    LOSSLESS_TOLERANCE, PARAMETER_KINDS, check_artifact_sizes, held_bytes, needed_bits, observable_state, output_change, parameter_effects, size_shortfalls, weights_of)
 from paretolab.plugin_api.devices import tensors_default_to
 from paretolab.plugin_api.method import KINDS, Method
 from paretolab.plugin_api.subject import Subject
@@ -232,15 +232,14 @@ class MethodContract:
             ctx = TrialContext(seed=7, workdir=tmp_path / f"global{global_seed}")
             torch.manual_seed(global_seed)
             outputs.append(logits_of(method.transform(subject.copy(), dict(params), ctx)))
-        assert torch.equal(outputs[0], outputs[1]), (
-            "the model depends on torch's global RNG state: draw randomness from ctx.generator() instead"
-        )
+        assert torch.equal(outputs[0], outputs[1]), "the model depends on torch's global RNG state: draw randomness from ctx.generator() instead"
 
     def test_reports_what_it_stores(self, method: Method, subject: Subject, params: dict[str, Any], ctx: TrialContext) -> None:
         if method.cost_is != "real":
             pytest.skip("size_bytes of a simulated method is the size it would have, not what it keeps")
-        unreported_before = held_bytes(subject.model) - reported_bytes(subject, ctx)
-        out = method.transform(subject.copy(), dict(params), ctx)
+        if method.sized_by_artifact:
+            return check_artifact_sizes(method, method.transform(subject.copy(), dict(params), ctx))
+        unreported_before, out = held_bytes(subject.model) - reported_bytes(subject, ctx), method.transform(subject.copy(), dict(params), ctx)
         unreported_after = held_bytes(out.model) - reported_bytes(out, ctx)
         assert unreported_after <= unreported_before, (
             f"the model keeps {unreported_after - unreported_before} bytes more than size_bytes reports: "

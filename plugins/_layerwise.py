@@ -1,4 +1,4 @@
-"""Calibration plumbing shared by the cat, catq, psumquant, layerdrop and depth_probe plugins.
+"""Calibration plumbing (the draw itself is public: :mod:`paretolab.plugin_api.calibration`) shared by the cat, catq, psumquant, layerdrop and depth_probe plugins.
 
 Llama-style decoder stacks (``model.model.layers``) only; every function says so in its error.
 """
@@ -13,25 +13,8 @@ import torch
 
 from paretolab import TrialContext
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.calibration import CALIB_DEFAULTS, calib_seed, calibration_ids  # noqa: F401 (the plugins' old import path)
 from paretolab.plugin_api.subject import Subject
-
-CALIB_DEFAULTS: dict[str, Any] = {"calib_corpus": "pydoc", "calib_samples": 8, "calib_seq_len": 256, "calib_seed": -1}
-
-
-def calib_seed(ctx: TrialContext, params: dict[str, Any]) -> int:
-    """The seed of a trial's calibration draw: ``calib_seed`` where it is >= 0 (a draw named in a pipeline, which pairs
-    trials across methods and makes draws replicates a claim can name), else the trial's own seed."""
-    seed = int(params.get("calib_seed", -1))
-    return seed if seed >= 0 else ctx.seed
-
-
-def calibration_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, method: str) -> torch.Tensor:
-    """(N, L) calibration ids from the ``calib_*`` params of ``method`` (defaults in CALIB_DEFAULTS), drawn by :func:`calib_seed`."""
-    n, length = int(params.get("calib_samples", 8)), int(params.get("calib_seq_len", 256))
-    if n < 1 or length < 2:
-        raise ConfigError(f"{method}.calib_samples must be >= 1 and {method}.calib_seq_len >= 2, got {n} and {length}")
-    corpus = str(params.get("calib_corpus", "pydoc"))
-    return ctx.calibration_draw(subject.tokenizer, corpus=corpus, n_samples=n, seq_len=length, seed=calib_seed(ctx, params)).to(subject.device)
 
 
 def heldout_ids(subject: Subject, ctx: TrialContext, params: dict[str, Any], *, tokens: int) -> torch.Tensor:

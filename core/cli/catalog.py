@@ -28,6 +28,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         _say(f"  {m['name']}  [{m['kind']}, cost {m['cost_is']}]  from {m['plugin']}{dist}")
         if m["paper"]:
             _say(f"      paper: {m['paper']}")
+        if m.get("library"):
+            _say(f"      run by: {m['library']}")
         for key, text in m["search_space"].items():
             _say(f"      {key}: {text}")
         if m.get("metrics"):

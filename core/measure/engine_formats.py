@@ -7,7 +7,6 @@ its dense equivalent and says so (:data:`DENSE_LABEL`); a checkpoint not written
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 
 from paretolab.data import compressed
-from paretolab.errors import ConfigError
+from paretolab.plugin_api.external import dense_copy, write_hf  # noqa: F401 (the engine measure's writer is the hand-over's)
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 
@@ -55,26 +54,6 @@ def exact_bits(kinds: Counter[str]) -> int | None:
         if quantized == {f"int{bits} g32"}:
             return bits
     return None
-
-
-def dense_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy with every format module replaced by the dense module it computes (``dense_module()``)."""
-    model = copy.deepcopy(model)
-    for name, module in list(model.named_modules()):
-        if name and hasattr(module, "dense_module"):
-            parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, leaf, module.dense_module())
-    return model
-
-
-def write_hf(subject: Subject, folder: Path) -> Path:
-    """The subject as a directory transformers (and llama.cpp's converter) reads: fp32 safetensors + tokenizer."""
-    model = dense_copy(subject.model).to("cpu", torch.float32)
-    if not hasattr(model, "save_pretrained"):
-        raise ConfigError(f"the engine measure serves Hugging Face models; this trial's model is {type(model).__name__}")
-    model.save_pretrained(folder, safe_serialization=True)
-    subject.tokenizer.save_pretrained(folder)
-    return folder
 
 
 def int_groups(subject: Subject) -> dict[str, tuple[int, int]] | str:

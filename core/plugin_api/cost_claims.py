@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -160,3 +161,16 @@ def parameter_effects(method: Method, subject: Subject, params: dict[str, Any], 
                 failures.append(f"{key}={v0!r} and {key}={v1!r} gave the same weights{sizes}: the method ignores {key!r} "
                                 f"(if it cannot matter on a small model, say why in {type(method).__name__}.inert_params)")
     return list(dict.fromkeys(failures))
+
+
+def check_artifact_sizes(method: Method, out: Subject) -> None:
+    """A method sized by another library's artefact: the artefact exists, and holds at least the bytes reported for the
+    tensors it stores (a size with no file behind it fails); each tensor's exact bytes are the plugin's own test."""
+    artefact = out.info.get(f"{method.name}_artifact")
+    assert artefact, f"{method.name} declares sized_by_artifact but left no subject.info[{method.name + '_artifact'!r}]"
+    path = Path(artefact)
+    assert path.exists(), f"{method.name}'s artefact {path} does not exist after its transform"
+    on_disk = sum(f.stat().st_size for f in ([path] if path.is_file() else path.rglob("*")) if f.is_file())
+    reported = sum(record.stored_bytes for record in out.current_storage().values() if record.stored_bytes is not None)
+    assert reported > 0, f"{method.name} reports no tensor's stored bytes"
+    assert reported <= on_disk, f"{method.name} reports {reported} stored bytes but its artefact holds {on_disk}"

@@ -68,6 +68,10 @@ class Method:
     # reason (a seed, a knob that only acts on long inputs): the contract's check that every parameter changes the
     # result skips them. Every other parameter must change the weights or the outputs when it changes.
     inert_params: ClassVar[dict[str, str]] = {}
+    # True for a method whose size is what another library's artefact stores (``subject.info["<name>_artifact"]``: a
+    # compressed-tensors checkpoint, a GGUF) while the model holds that library's decompressed weights to evaluate
+    # (:mod:`paretolab.plugin_api.external`): the contract then checks the artefact, not the bytes the model holds.
+    sized_by_artifact: ClassVar[bool] = False
     # False only for a method whose output at a position reads later tokens by design (a prefill that selects tokens
     # by the prompt's last queries): the contract's causality check is then skipped, and says so.
     causal: ClassVar[bool] = True
@@ -110,6 +114,12 @@ class Method:
         """
         return self.cost_is
 
+    def library(self) -> str:
+        """The library that runs this method and its version, where another library does (an incumbent run through its own
+        code, :mod:`paretolab.plugin_api.external`): ``"llmcompressor 0.14.0.1 (own environment incumbents, make incumbents)"``;
+        "" for a method paretolab implements."""
+        return ""
+
     def describe(self) -> dict[str, Any]:
         """A plain-data description for `paretolab plugins` and the dashboard."""
         return {
@@ -117,6 +127,7 @@ class Method:
             "kind": self.kind,
             "paper": str(self.paper) if self.paper else "",
             "cost_is": self.cost_is,
+            **({"library": self.library()} if self.library() else {}),
             **({"layerwise": True} if self.layerwise else {}),
             "metrics": list(self.metrics),
             **({"works_on": list(self.works_on)} if self.works_on else {}),
