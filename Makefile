@@ -48,11 +48,14 @@ PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist
 
 test: $(DEV)  ## the test suite CI runs (slow tests included; the `results` tests are make results-tests)
 	@$(if $(wildcard $(LLAMA_STAMP)),,echo "NOTICE: the llama.cpp engine tests (marker engine) are left out: nothing under $(ENGINES)/llama; make engines-llama, then make test, runs them")
-	PARETOLAB_ENGINES=$(ENGINES) $(PYTEST) -m "not results and not vllm$(if $(wildcard $(LLAMA_STAMP)),, and not engine)" --durations=25
-	@echo "NOTICE: the vLLM engine tests (marker vllm) are not part of make test: make test-vllm runs them (CI does)"
+	PARETOLAB_ENGINES=$(ENGINES) $(PYTEST) -m "not results and not vllm and not incumbents$(if $(wildcard $(LLAMA_STAMP)),, and not engine)" --durations=25
+	@echo "NOTICE: the vLLM engine tests (marker vllm) and the incumbents' (marker incumbents) are not part of make test: make test-vllm and make test-incumbents run them (CI does)"
 
 test-vllm: $(DEV) engines-vllm  ## the vLLM engine tests (marker vllm, ~3 min on 2 cores); they fail, never skip, without vLLM
 	PARETOLAB_ENGINES=$(ENGINES) PARETOLAB_ENGINES_REQUIRED=1 $(PYTEST) -m vllm --durations=5
+
+test-incumbents: $(DEV) incumbents  ## the incumbents' tests (marker incumbents: GPTQ, AWQ, SparseGPT, AutoRound, HQQ run by their libraries); they fail, never skip, without the environment
+	PARETOLAB_ENGINES=$(ENGINES) PARETOLAB_INCUMBENTS_REQUIRED=1 $(PYTEST) -m incumbents --durations=5
 
 test-fast: $(DEV)  ## the suite without slow tests
 	$(PYTEST) -m "not slow and not results"
@@ -98,6 +101,19 @@ engines-llama: $(DEV) $(LLAMA_STAMP) $(ENGINES)/llama-convert/convert_hf_to_gguf
 	$(UV) -e ".[engines]"
 engines-vllm: $(ENGINES)/vllm/.installed  ## vLLM (CPU build) for the engine measure
 engines: engines-llama engines-vllm  ## both engines of the engine measure, each in its own environment under ENGINES
+
+# The incumbent methods' libraries (paretolab.plugin_api.external), in one environment of their own under ENGINES: llm-compressor
+# (GPTQ, AWQ, SparseGPT) pins transformers <= 5.17 and compressed-tensors 0.19, so it cannot share paretolab's; auto-round
+# comes at the version llm-compressor pins, HQQ beside them (DISABLE_CUDA=1: its CUDA extension is not built). torch is the
+# wheel on disk. The K-quants need no environment of their own: llama.cpp's quantizer is in the llama engine's.
+LLMCOMPRESSOR := 0.14.0.1
+HQQ           := 0.2.8.post1
+$(ENGINES)/incumbents/.installed:
+	rm -rf $(ENGINES)/incumbents && $(PYTHON) -m venv $(ENGINES)/incumbents
+	$(ENGINES)/incumbents/bin/python -m pip install -q $(FIND) "$(TORCH)"
+	DISABLE_CUDA=1 $(ENGINES)/incumbents/bin/python -m pip install -q $(FIND) "$(TORCH)" llmcompressor==$(LLMCOMPRESSOR) hqq==$(HQQ)
+	touch $@
+incumbents: $(ENGINES)/incumbents/.installed  ## GPTQ/AWQ/SparseGPT (llm-compressor), AutoRound, HQQ in their own environment under ENGINES
 
 # Tests that check a paper's claim on the real SmolLM2 or convert a 270M model (minutes each): kept out
 # of CI's `make test` to hold it near 30 minutes, run with the other results targets.

@@ -40,6 +40,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "paretolab.plugins.baselines",
     "paretolab.plugins.incremental_bpe",
     "paretolab.plugins.wanda",
+    "paretolab.plugins.incumbents",  # GPTQ, AWQ, SparseGPT, AutoRound, HQQ: run by their libraries in their own environment
+    "paretolab.plugins.incumbents.kquant",  # llama.cpp's K-quants, run by llama.cpp
     "paretolab.plugins.macko",
     "paretolab.plugins.cat",
     "paretolab.plugins.catq",
