@@ -19,7 +19,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from paretolab import Paper
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.subject import Subject
-from paretolab.plugins.incumbents.base import Incumbent, quant_checks
+from paretolab.plugins.incumbents.base import Incumbent, quant_checks, quantized_linears
 
 BITS = (2, 3, 4, 8)  # the widths the auto_round export packs
 
@@ -41,7 +41,11 @@ class AutoRoundMethod(Incumbent):
         return {**super().defaults(), "bits": 4, "group_size": 128, "iters": 200}
 
     def check(self, params: dict[str, Any], subject: Subject) -> None:
-        quant_checks(self.name, params, BITS)
+        _, group = quant_checks(self.name, params, BITS)
+        narrow = [(name, layer.in_features) for name, layer in quantized_linears(subject) if 0 < layer.in_features < group]
+        if narrow:  # auto-round leaves a layer the group does not divide unquantized, but fails inside on one narrower than a group
+            raise ConfigError(f"autoround.group_size={group}: auto-round fails on {narrow[0][0]} ({narrow[0][1]} input columns, fewer "
+                              f"than one group) and {len(narrow) - 1} other layer(s); choose a group size of at most {narrow[0][1]}, or -1")
         if int(params["iters"]) < 0:
             raise ConfigError(f"autoround.iters must be >= 0 (0: auto-round's RTN mode), got {params['iters']}")
 
