@@ -207,6 +207,8 @@ def take_back(subject: Any, report: dict[str, Any], method: str, weights: dict[s
         shape = {k: v for k, v in (layout.get(name) or {}).items() if k in LAYOUT_FIELDS}
         subject.set_storage(name, stored_bytes=int(nbytes), **shape)
     artefact = report.get("artifact")
+    if artefact is not None and (not isinstance(artefact, str) or not artefact or Path(artefact).is_absolute() or ".." in Path(artefact).parts):
+        raise ToolError(f"{method}: the tool's report names artifact {str(artefact)[:100]!r}, not a path inside its out folder")
     subject.info[f"{method}_library"] = f"{report.get('library', '?')} {report.get('version', '?')}"
     if artefact:
         subject.info[f"{method}_artifact"] = str(out / artefact)

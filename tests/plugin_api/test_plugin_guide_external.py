@@ -72,3 +72,14 @@ def test_the_contract_checks_an_artefact_sized_method_against_its_artefact(guide
     out.info.pop("my_fp16_artifact")
     with pytest.raises(AssertionError, match="left no subject.info"):
         check_artifact_sizes(guide_method, out)
+
+
+@pytest.mark.parametrize("artifact", ["../../etc/passwd", "/tmp/elsewhere", ""])
+def test_a_report_naming_an_artefact_outside_its_out_folder_is_refused(tmp_path, tiny, artifact):
+    """A tool's report is another program's output: the artefact it names must lie inside its out folder."""
+    from paretolab.plugin_api.external import take_back
+
+    (tmp_path / "out").mkdir()
+    report = {"out": str(tmp_path / "out"), "stored_bytes": {}, "artifact": artifact, "library": "x", "version": "1"}
+    with pytest.raises(ToolError, match="not a path inside its out folder"):
+        take_back(tiny.copy(), report, "my_fp16")
