@@ -24,11 +24,15 @@ from paretolab.api import compact
 from paretolab.data.fidelity import logit_gap, probe_logits, quiet, reload
 from paretolab.data.outputs import check_export_dir, follow_umask, manifest, replace_dir, write_atomic, writing
 from paretolab.errors import ConfigError
+from paretolab.plugin_api import artifacts
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 from paretolab.stores.locations import Stores
 
 RECORD = "paretolab.json"
+ARTIFACT_DIR = "artifact"  # the method's own artefact, as its library wrote it (a GGUF, a compressed-tensors checkpoint)
+SERVE_HINTS = {"gguf": "serve: python -m llama_cpp.server --model {path}",
+               "compressed-tensors": "serve: vllm serve {path}; load: AutoModelForCausalLM.from_pretrained('{path}')"}
 LOGIT_TOLERANCE = 1e-4  # relative: the reloaded directory must compute what the trial's model computed
 
 
@@ -55,6 +59,7 @@ class Exported:
     logit_gap: dict[str, float] = field(default_factory=dict)  # "dense" / "compact": reloaded vs the trial's model, relative
     saved_as: str = ""
     compact_fallback: str = ""  # why compact/ is paretolab's own layout, not compressed-tensors ("" when it is not a fallback)
+    artifact: dict[str, Any] = field(default_factory=dict)  # the method's own artefact under artifact/ (artifacts.artifact_info)
 
     def lines(self) -> list[str]:
         """What the CLI prints."""
@@ -77,6 +82,13 @@ class Exported:
         if self.simulated_by:
             out.append(f"  simulated saving ({', '.join(self.simulated_by)}): the dense weights hold the method's values in full "
                        "precision; the trial's size_bytes counts the format" + (" compact/ writes" if self.compact else " no file here has"))
+        if self.artifact.get(artifacts.PATH):
+            path = self.out / ARTIFACT_DIR / Path(self.artifact[artifacts.PATH]).name
+            serve = SERVE_HINTS.get(self.artifact.get(artifacts.KIND, ""), "")
+            out.append(f"  {ARTIFACT_DIR}/: {self.artifact.get(artifacts.BY)}'s own {self.artifact.get(artifacts.KIND)} artefact as its library "
+                       f"wrote it: {path}" + (f" ({serve.format(path=path)})" if serve else ""))
+        elif self.artifact.get(artifacts.DROPPED):
+            out.append(f"  no {ARTIFACT_DIR}/: {self.artifact[artifacts.DROPPED]}")
         if self.saved_as:
             out.append(f"  saved as model {self.saved_as!r}: use it as `model: {self.saved_as}` in a pipeline")
         return out
@@ -114,13 +126,14 @@ def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save
     spec = parse_spec(record["pipeline"], source=f"study {study!r}'s stored pipeline")
     progress(f"re-applying trial {trial} of {study!r} on {spec.model} ...")
     base = load_subject(spec.model)
-    subject, result, plan = _rerun(spec, frozen, base)
-    exported = Exported(out=out, study=study, trial=trial, simulated_by=list(subject.simulated_by))
-    _compare(exported, record["metrics"], result.metrics, spec.task)
-    progress(f"writing {out} ...")
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)  # a killed export's
     try:
+        subject, result, plan = _rerun(spec, frozen, base, hold=staging / ARTIFACT_DIR)
+        exported = Exported(out=out, study=study, trial=trial, simulated_by=list(subject.simulated_by))
+        exported.artifact = artifacts.artifact_info(subject)
+        _compare(exported, record["metrics"], result.metrics, spec.task)
+        progress(f"writing {out} ...")
         with quiet():
             _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
         if out.exists() or out.is_symlink():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
@@ -178,8 +191,9 @@ def _mlflow_metrics(stores: Stores, run_id: str) -> dict[str, float]:
         return {}
 
 
-def _rerun(spec: Any, frozen: Any, base: Subject) -> tuple[Subject, Any, list[Any]]:
-    """Run the trial as its worker did (same plan, seed, task) and keep the transformed subject."""
+def _rerun(spec: Any, frozen: Any, base: Subject, hold: Path | None = None) -> tuple[Subject, Any, list[Any]]:
+    """Run the trial as its worker did (same plan, seed, task) and keep the transformed subject; ``hold``: where the
+    method's own artefact (a GGUF, a compressed-tensors checkpoint) is copied before the trial's folder goes."""
     import optuna
 
     from paretolab.measure.timing import torch_threads
@@ -194,9 +208,15 @@ def _rerun(spec: Any, frozen: Any, base: Subject) -> tuple[Subject, Any, list[An
     settings = TrialSettings(spec.name, spec.task, spec.task_options, {"size": {}, "params": {}}, spec.search.seed,
                              cpus=spec.resources.cpus, timeout_s=0.0, models=dict(spec.models), prices=dict(spec.prices))
     kept: list[Subject] = []
+
+    def keep(subject: Subject) -> None:
+        kept.append(subject)
+        copy = artifacts.copy_artifact(subject, hold) if hold is not None else None
+        if copy is not None:
+            subject.info[artifacts.PATH] = str(copy)
     threads = max(1, int(spec.resources.cpus)) if spec.resources.cpus else 0  # Ray ran the trial with OMP_NUM_THREADS = its cpus
     with torch_threads(threads):  # a different thread count sums in another order: training-like methods drift from it
-        result = run_trial(base, plan, settings, frozen.number, roles=load_roles(spec.models, spec.model, base), keep=kept.append)
+        result = run_trial(base, plan, settings, frozen.number, roles=load_roles(spec.models, spec.model, base), keep=keep)
     if result.error or not kept:
         raise ExportError(f"re-applying trial {frozen.number} failed: {result.error or 'no model came back'}")
     return kept[0], result, plan
@@ -252,7 +272,9 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
                        "interval": exported.interval, "within": exported.within},
         "base": {"model": subject.model_name, "study_code_version": record["code_version"]},
         "paretolab": {"version": __version__, "code_version": code_version()},
-        "sizes_bytes": exported.sizes, "compact": exported.compact, "compact_fallback": exported.compact_fallback, "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
+        "sizes_bytes": exported.sizes, "compact": exported.compact, "compact_fallback": exported.compact_fallback,
+        "artifact": {**exported.artifact, **({artifacts.PATH: f"{ARTIFACT_DIR}/{Path(exported.artifact[artifacts.PATH]).name}"} if exported.artifact.get(artifacts.PATH) else {})},
+        "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     follow_umask(staging)  # safetensors and tokenizers write some files private (0600); the user's umask decides

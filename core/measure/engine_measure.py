@@ -25,7 +25,9 @@ writes the trial's own codes as the engine's blocks); ``F32 dense equivalent (no
 cost)`` where they are not an exact engine format (sparsity, other groups or bit widths, method formats);
 vLLM: ``compressed-tensors pack-quantized (...)`` where the trial's integer groups were written as that
 checkpoint, and where vLLM refused it at start, ``E_refused`` holds vLLM's own exception and the dense
-equivalent is served, its label saying so; ``E_weights`` says what the trial's weights are;
+equivalent is served, its label saying so; a method's own artefact (:mod:`paretolab.plugin_api.artifacts`: kquant's
+GGUF for llama.cpp, llm-compressor's checkpoint for vLLM) is served as its library wrote it, and ``E_format`` says whose
+it is; ``E_weights`` says what the trial's weights are;
 ``E_energy_source`` is ``rapl`` or ``estimate`` (the server's CPU seconds x watts per core).
 """
 
@@ -51,6 +53,7 @@ from paretolab.measure.engine_load import FIGURES, PROMPTS, EngineLoadError, Loa
 from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, window_nll
 from paretolab.measure.engine_server import EngineStartError, Server, free_port, group_alive, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
+from paretolab.plugin_api import artifacts
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
 from paretolab.plugin_api.measure import Measure
@@ -187,8 +190,13 @@ class Engine(Measure):
         with tempfile.TemporaryDirectory(prefix=f"paretolab-{e}-", dir=ctx.workdir if ctx.workdir and Path(ctx.workdir).is_dir() else None) as tmp:
             folder = write_hf(subject, Path(tmp) / "hf")
             if isinstance(engine, LlamaEngine):
-                bits = exact_bits(kinds) if options.exact_blocks else None
-                gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
+                own = artifacts.served(subject, "gguf")  # the method's own GGUF (kquant): served as its library wrote it
+                bits = exact_bits(kinds) if options.exact_blocks and own is None else None
+                if own is not None:
+                    gguf = own
+                    subject.info[f"{e}_format"] = f"{artifacts.describe(subject)} as written ({subject.info.get(subject.info[artifacts.BY] + '_format', '')})"[:300]
+                else:
+                    gguf = engine.convert(folder, Path(tmp) / f"model-{'f32' if bits else options.gguf_type}.gguf", "f32" if bits else options.gguf_type)
                 if bits:
                     gguf = self._blocks(gguf, bits, kinds, subject.info, e)
                 served = _Served(gguf, gguf.stat().st_size, lambda port: engine.server_command(gguf, port, threads=threads, n_ctx=options.n_ctx))
@@ -198,7 +206,10 @@ class Engine(Measure):
             else:
                 env = engine.env(shim_dir(Path(tmp) / "shim"), options.threads, options.kv_cache_gib)
                 dense_label = subject.info[f"{e}_format"]
-                packed = compressed_checkpoint(subject, kinds, Path(tmp) / "compressed", subject.info, e)
+                own = artifacts.served(subject, "compressed-tensors")  # the method's own checkpoint (llm-compressor's): tried first
+                packed = own or compressed_checkpoint(subject, kinds, Path(tmp) / "compressed", subject.info, e)
+                if own is not None:
+                    subject.info[f"{e}_format"] = f"{artifacts.describe(subject)} checkpoint as written"
                 targets = [t for t in (packed, folder) if t is not None]
                 for i, target in enumerate(targets):
                     served = _Served(target, _bytes(target), lambda port, t=target: engine.server_command(t, port, n_ctx=options.n_ctx, dtype=options.dtype, eager=options.eager))

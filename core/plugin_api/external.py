@@ -178,13 +178,15 @@ def last_error(log: Path, limit: int = 400) -> str:
     return line[:limit]
 
 
-def take_back(subject: Any, report: dict[str, Any], method: str, weights: dict[str, torch.Tensor] | None = None) -> Any:
+def take_back(subject: Any, report: dict[str, Any], method: str, weights: dict[str, torch.Tensor] | None = None, *,
+              kind: str | None = None, stage: str = "") -> Any:
     """Put the tool's decompressed weights into the trial's model and record each tensor's bytes as stored.
 
     Every tensor the report stores must name a parameter of the model with the same shape (else ToolError: the
     library changed the model's structure); tensors it does not name keep their values and their dense size.
     ``weights`` (by parameter name) replaces the tool's ``weights.safetensors``, for a tool whose environment has no
-    torch (llama.cpp's quantizer: paretolab's side dequantizes the GGUF it wrote).
+    torch (llama.cpp's quantizer: paretolab's side dequantizes the GGUF it wrote). ``kind`` (one of
+    ``artifacts.KINDS``) records the report's artefact for the engines and the export (``artifacts.record``).
     """
     from safetensors.torch import load_file
 
@@ -213,6 +215,10 @@ def take_back(subject: Any, report: dict[str, Any], method: str, weights: dict[s
     if artefact:
         subject.info[f"{method}_artifact"] = str(out / artefact)
         subject.info[f"{method}_format"] = str(report.get("format", ""))
+        if kind:
+            from paretolab.plugin_api.artifacts import record
+
+            record(subject, out / artefact, kind, method=method, stage=stage)
     notes = [str(note)[:500] for note in report.get("notes", [])[:20]]
     if notes:
         subject.info[f"{method}_notes"] = "; ".join(notes)

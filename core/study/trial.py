@@ -172,6 +172,7 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
     each stage's seconds as ``transform:<stage>``; ``meter`` (an EnergyMeter) its joules. With
     ``base``, a method that changed the tokenizer shared with ``base`` in place fails the stage.
     """
+    from paretolab.plugin_api.artifacts import after_stage
     from paretolab.plugin_api.manager import registries
 
     regs = registries()
@@ -191,6 +192,7 @@ def apply_plan(subject: Subject, plan: list[StagePlan], ctx: TrialContext, stage
             subject = method.transform(subject, dict(stage.params), ctx)
         if not isinstance(subject, Subject):
             raise TypeError(f"method {stage.method!r}: transform() must return the Subject, got {type(subject).__name__}")
+        after_stage(subject, stage.stage, method)  # an earlier stage's artefact no longer stores this model
         if base is not None and shared_tokenizer is not None:
             _guard_tokenizer(base, shared_tokenizer, f"method {stage.method!r}")
         stage_s[f"transform:{stage.stage}"] = time.perf_counter() - t0

@@ -30,6 +30,7 @@ class AutoRoundMethod(Incumbent):
     name = "autoround"
     library_name = "auto-round"
     script = "autoround_quantize.py"
+    artifact_kind = "auto_round"
     paper = Paper("Optimize Weight Rounding via Signed Gradient Descent for the Quantization of LLMs", "EMNLP 2024 Findings",
                   "https://arxiv.org/abs/2309.05516")
 

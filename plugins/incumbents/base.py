@@ -32,6 +32,7 @@ class Incumbent(Method):
     library_name: ClassVar[str] = ""
     script: ClassVar[str] = ""
     calibrated: ClassVar[bool] = True
+    artifact_kind: ClassVar[str] = ""  # what the library's artefact is (paretolab.plugin_api.artifacts.KINDS)
     timeout_s: ClassVar[float] = 3600.0
 
     def library(self) -> str:
@@ -60,7 +61,7 @@ class Incumbent(Method):
             ids = calibration_ids(subject, ctx, p, method=self.name)
             request["calibration"] = str(write_calibration(ids, workdir / "calibration.json"))
         report = run_tool(ENV, self.library_name, self.script, request, workdir, timeout_s=self.timeout_s)
-        take_back(subject, report, self.name)
+        take_back(subject, report, self.name, kind=self.artifact_kind or None, stage=ctx.stage)
         subject.info[f"{self.name}_tool_seconds"] = f"{float(report.get('seconds', 0.0)):.1f}"
         return subject
 

@@ -32,6 +32,7 @@ class HQQ(Incumbent):
     name = "hqq"
     library_name = "hqq"
     script = "hqq_quantize.py"
+    artifact_kind = "hqq"
     calibrated = False
     paper = Paper("Half-Quadratic Quantization of Large Machine Learning Models", "Mobius Labs blog, 2023",
                   "https://mobiusml.github.io/hqq_blog/")

@@ -98,7 +98,7 @@ class KQuant(Method):
             artefact = Path(report["out"]) / str(report["artifact"])
             weights, stored, types, unread = read_back(subject, artefact, report)
         fmt = describe_types(kind, types, {name: int(p.shape[-1]) for name, p in subject.model.named_parameters() if name in types})
-        take_back(subject, {**report, "stored_bytes": stored, "format": fmt}, self.name, weights=weights)
+        take_back(subject, {**report, "stored_bytes": stored, "format": fmt}, self.name, weights=weights, kind="gguf", stage=ctx.stage)
         for name, ggml_type in types.items():
             if ggml_type in SCALE_GROUP:
                 subject.set_storage(name, group_size=SCALE_GROUP[ggml_type])

@@ -58,6 +58,7 @@ def divisibility_problem(method: str, subject: Subject, group: int) -> str | Non
 class _Quantizer(Incumbent):
     library_name = "llmcompressor"
     script = "llmcompressor_oneshot.py"
+    artifact_kind = "compressed-tensors"
 
     def check(self, params: dict[str, Any], subject: Subject) -> None:
         _, group = quant_checks(self.name, params, BITS)
@@ -109,6 +110,7 @@ class SparseGPT(Incumbent):
     name = "sparsegpt"
     library_name = "llmcompressor"
     script = "llmcompressor_oneshot.py"
+    artifact_kind = "compressed-tensors"
     paper = Paper("SparseGPT: Massive Language Models Can Be Accurately Pruned in One-Shot", "ICML 2023", "https://arxiv.org/abs/2301.00774")
     # within LOSSLESS_TOLERANCE, not exact: the library still prunes each block's lowest-saliency weight at sparsity 0
     lossless_setting = {"sparsity": 0.0, "pattern": "unstructured"}
