@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from paretolab import Method, TrialContext
 from paretolab.errors import ConfigError
-from paretolab.plugin_api.calibration import CALIB_DEFAULTS
+from paretolab.plugin_api.calibration import HESSIAN_CALIB_DEFAULTS
 from paretolab.plugin_api.external import ToolEnv, hand_over, run_tool, take_back, write_calibration
 from paretolab.plugin_api.subject import Subject
 
@@ -39,7 +39,7 @@ class Incumbent(Method):
         return ENV.describe(self.library_name)
 
     def defaults(self) -> dict[str, Any]:
-        return dict(CALIB_DEFAULTS) if self.calibrated else {}
+        return dict(HESSIAN_CALIB_DEFAULTS) if self.calibrated else {}  # sized for Hessian-based methods
 
     def check(self, params: dict[str, Any], subject: Subject) -> None:
         """Raise ConfigError for a setting the library refuses on this model."""
