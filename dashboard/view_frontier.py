@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
+from paretolab.dashboard.claims_panel import claims_panel, ring_compared, verdicts
 from paretolab.dashboard.context import Context, file_part, label
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
 from paretolab.dashboard.tables import frontier_table
@@ -66,11 +67,14 @@ def frontier_page(ctx: Context) -> None:
     auto_x, auto_y = table.memo((*key, "log"), data.log_axes)
     log_x = log_toggle(t1, "x", ctx.study.name, x, auto_x)
     log_y = log_toggle(t2, "y", ctx.study.name, y, auto_y)
-    fig = table.memo((*key, log_x, log_y, z_as), lambda: frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method))
+    judged, _ = verdicts(ctx.stores, ctx.study)  # the trials each verdict compares, ringed on the kept figure
+    fig = table.memo((*key, log_x, log_y, z_as), lambda: ring_compared(
+        frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method), data, judged))
     event = st.plotly_chart(fig, key="frontier_chart", on_select="rerun", selection_mode="points", width="stretch")
     _notes(ctx, data, failed, len(done), (log_x, log_y))
     provenance_caption(frame, [x, y, *([z_metric] if z_metric else [])])
     _selected(event)
+    claims_panel(ctx)
     _downloads(ctx, data, log_x, log_y)
     _frontier_table(data)
 

@@ -7,6 +7,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
+from paretolab.dashboard.claims_panel import study_claims
 from paretolab.dashboard.context import Context, describe_methods, describe_metrics, label
 from paretolab.data.names import printable
 
@@ -35,6 +36,7 @@ def studies_page(ctx: Context) -> None:
         rows.append({
             "study": frontier_link(s.name),
             "status": s.status,
+            "claims": study_claims(ctx.stores, s),
             "complete": s.counts.get("COMPLETE", 0),
             "failed": s.counts.get("FAIL", 0),
             "running": s.counts.get("RUNNING", 0),
@@ -54,6 +56,7 @@ def studies_page(ctx: Context) -> None:
         column_config={
             "study": st.column_config.LinkColumn("study", help="open the study's Frontier", display_text=r"study=([^&]+)$", width="medium"),
             "status": st.column_config.TextColumn("status", help="as `paretolab studies` says it; an interrupted study resumes with `paretolab run PIPELINE --resume`"),
+            "claims": st.column_config.TextColumn("claims", help="the verdicts of the pipeline's claims, as `paretolab report` gives them (one per claim and setting; the Frontier has them whole)"),
             **{c: st.column_config.NumberColumn(c, width="small") for c in ("complete", "failed", "running", "planned", *(r.lower() for r in rare))},
             "progress": st.column_config.ProgressColumn("progress", help="finished trials / planned (search.trials)", min_value=0.0, max_value=1.0, format="percent", width="small"),
             "last update": st.column_config.DatetimeColumn("last update (UTC)", format="MM-DD HH:mm"),

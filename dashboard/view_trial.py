@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from paretolab.dashboard import runs
+from paretolab.dashboard.claims_panel import trial_claims
 from paretolab.dashboard.context import Context, file_part, label
 from paretolab.dashboard.layers import group_table, module_table
 from paretolab.dashboard.plots import parallel_coordinates
@@ -50,6 +51,7 @@ def trial_page(ctx: Context) -> None:
                    f"(constraints: {'; '.join(ctx.study.constraints) or 'not recorded'}).")
     if _present(row.get("pruned_at_step")):
         st.info(f"Pruned at step {row['pruned_at_step']}: the study's pruner stopped it early. Never on a frontier; its curve is on the Curves page.")
+    trial_claims(ctx, int(number))
 
     detail = _run_detail(ctx, str(row["mlflow_run_id"]))
     left, right = st.columns(2)

@@ -37,15 +37,11 @@ def load_study(name: str, *, home: str | None = None, stores: Stores | None = No
     ``bundle`` (a bundle file, a folder of them, or a list of either; see ``paretolab bundle``) without any store."""
     import pandas as pd
 
-    from paretolab.plugin_api.manager import registries
-    from paretolab.results.claims import verdict_rows
-    from paretolab.results.source import BundleSource, source_of
     from paretolab.results.read import load_study as optuna_study
     from paretolab.results.read import trial_table
-    from paretolab.results.metric_facts import chance_levels, metric_bounds, metric_exact
-    from paretolab.results.section import claim_trials
+    from paretolab.results.source import BundleSource, source_of
+    from paretolab.results.verdicts import COLUMNS, pipeline_claims, verdicts_of
     from paretolab.stores.locations import resolve_stores
-    from paretolab.study.report_spec import claims_from
 
     if bundle is not None:
         source = BundleSource(bundle if isinstance(bundle, list) else [bundle])
@@ -55,11 +51,7 @@ def load_study(name: str, *, home: str | None = None, stores: Stores | None = No
     objectives, rows = trial_table(name, source)
     trials = pd.DataFrame([_flat(r) for r in rows])
     frontier = _frontier(trials, objectives)
-    claims = claims_from(pipeline, {m.name: m.direction for m in registries().metrics})
-    verdicts = pd.DataFrame(verdict_rows(claims, claim_trials(pipeline, rows), source.per_example(), metric_bounds,
-                                         chance_levels(pipeline, source), metric_exact),
-                            columns=["claim", "metric", "method", "baseline", "setting", "expect", "margin", "scale", "verdict",
-                                     "difference", "low", "high", "pairs", "trials"])
+    verdicts = pd.DataFrame(verdicts_of(pipeline_claims(pipeline), pipeline, rows, source), columns=COLUMNS)  # as `report` judges
     return StudyFrames(name, [tuple(o) for o in objectives], trials, frontier, verdicts, pipeline)
 
 

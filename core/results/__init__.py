@@ -3,6 +3,7 @@
 - :mod:`paretolab.results.frontier` — Pareto frontiers (and the report's ``frontiers:`` lines).
 - :mod:`paretolab.results.noise` — paired quality differences with their intervals, from per-example scores.
 - :mod:`paretolab.results.claims` — a pipeline's claim judged on the stored trials.
+- :mod:`paretolab.results.verdicts` — a study's claims and verdicts as data (``load_study``, the dashboard).
 - :mod:`paretolab.results.read` — studies read from the stores: frontiers, per-method tables, summaries, failures.
 - :mod:`paretolab.results.section` — one study as a Markdown section of a results document.
 - :mod:`paretolab.results.source` — where the readers find a study: the stores or study bundles.
