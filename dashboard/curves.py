@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
 from paretolab.dashboard.plots import PALETTE
-from paretolab.plugin_api.numbers import param_value
+from paretolab.plugin_api.numbers import number, param_value
 
 X_TITLES = {"tokens": "training tokens", "flops": "training FLOPs"}
 BANDS = ("min–max", "± stderr", "one line per seed")
@@ -150,7 +150,8 @@ def curves_figure(curves: list[TrialCurve], x: str, losses: list[str], kind: str
                 for m in members:
                     fig.add_trace(go.Scatter(x=m.x, y=m.y[loss], mode="lines+markers", name=f"{name} · seed {m.seed}", legendgroup=group,
                                              line={"color": colour, "dash": dash, "width": 1.5}, marker={"size": 4},
-                                             customdata=[m.number] * len(m.x), hovertemplate=f"trial {m.number} · seed {m.seed}<br>{x} %{{x:.4g}}<br>{loss} %{{y:.4f}}<extra></extra>"))
+                                             customdata=[m.number] * len(m.x), text=_texts(m.x),
+                                             hovertemplate=f"trial {m.number} · seed {m.seed}<br>{x} %{{text}}<br>{loss} %{{y:.4f}}<extra></extra>"))
                 continue
             xs, values = aligned(members, loss)
             mean, low, high = band(values, kind)
@@ -159,17 +160,23 @@ def curves_figure(curves: list[TrialCurve], x: str, losses: list[str], kind: str
                 fig.add_trace(go.Scatter(x=xs, y=low, mode="lines", line={"width": 0, "color": colour}, fill="tonexty", fillcolor=_alpha(colour, 0.2),
                                          legendgroup=group, showlegend=False, hoverinfo="skip", name=f"{group} band"))
             fig.add_trace(go.Scatter(x=xs, y=mean, mode="lines+markers", name=f"{name} ({len(members)} seed{'s' if len(members) != 1 else ''})",
-                                     legendgroup=group, line={"color": colour, "dash": dash, "width": 2}, marker={"size": 4},
-                                     hovertemplate=f"{group}: mean of {len(members)}<br>{x} %{{x:.4g}}<br>{loss} %{{y:.4f}}<extra></extra>"))
+                                     legendgroup=group, line={"color": colour, "dash": dash, "width": 2}, marker={"size": 4}, text=_texts(xs),
+                                     hovertemplate=f"{group}: mean of {len(members)}<br>{x} %{{text}}<br>{loss} %{{y:.4f}}<extra></extra>"))
     for c in (c for c in curves if c.pruned_at is not None):  # each alone, faded and dotted, up to where it stopped
         for j, loss in enumerate(losses):
             fig.add_trace(go.Scatter(x=c.x, y=c.y[loss], mode="lines+markers", name=c.label + (f" · {loss}" if j else ""), legendgroup=c.group,
                                      opacity=0.5, line={"color": colours[c.group], "dash": "dot" if j == 0 else "dashdot", "width": 1.5},
-                                     marker={"size": 4}, customdata=[c.number] * len(c.x),
-                                     hovertemplate=f"{c.label}<br>{x} %{{x:.4g}}<br>{loss} %{{y:.4f}}<extra></extra>"))
+                                     marker={"size": 4}, customdata=[c.number] * len(c.x), text=_texts(c.x),
+                                     hovertemplate=f"{c.label}<br>{x} %{{text}}<br>{loss} %{{y:.4f}}<extra></extra>"))
     fig.update_layout(xaxis_title=X_TITLES.get(x, x), yaxis_title=losses[0] if len(losses) == 1 else "loss (train dashed)", legend_title="group",
-                      height=520, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_type="log" if log_x else "linear")
+                      height=520, margin={"l": 10, "r": 10, "t": 30, "b": 10}, xaxis_type="log" if log_x else "linear",
+                      xaxis_exponentformat="SI")  # tokens, FLOPs: 500k, 1M, 2G (the formatter's suffixes), never 1e+6 or 1B
     return fig
+
+
+def _texts(values: Any) -> list[str]:
+    """The x of each point as the one formatter writes it (``1.024M`` tokens; d3's ``.4g`` wrote ``1.024e+6``)."""
+    return [number(float(v)) for v in values]
 
 
 def _alpha(hex_colour: str, alpha: float) -> str:

@@ -37,7 +37,7 @@ from paretolab.dashboard.store_read import (
     study_trials,
 )
 from paretolab.results.frontier import CONSTRAINTS, pareto_indices
-from paretolab.study.constraints import FEASIBLE
+from paretolab.study.constraints import FEASIBLE, reason_text
 from paretolab.study.session import SESSION
 
 __all__ = ["NONE_METHOD", "engine", "store_exists"]  # read here by runs.py, curves.py and plots.py
@@ -262,7 +262,7 @@ def _study_info(sid: int, name: str, counts: dict[str, int], last: pd.Timestamp 
     return StudyInfo(
         name=name, study_id=sid, objectives=objectives, counts=counts, planned=max(planned, sum(counts.values())),
         last_update=last, model=str(attrs.get("model", "")), methods=list(attrs.get("methods") or []), pipeline=pipeline,
-        constraints=tuple(str(c) for c in attrs.get(CONSTRAINTS) or []), session=dict(attrs.get(SESSION) or {}),
+        constraints=tuple(reason_text(c) for c in attrs.get(CONSTRAINTS) or []), session=dict(attrs.get(SESSION) or {}),
     )
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from paretolab.dashboard.data import NONE_METHOD
-from paretolab.plugin_api.numbers import axis_scale, axis_title, metric_value, number, param_value
+from paretolab.plugin_api.numbers import axis_scale, axis_title, metric_value, param_value, tick_labels
 from paretolab.stats import interval
 
 LOG_ABOVE = 100.0  # max/min of a metric's positive values beyond which its axis is logarithmic by default (two decades)
@@ -303,9 +303,11 @@ def frontier_figure(data: FrontierData, *, log_x: bool | None = None, log_y: boo
         xaxis_exponentformat="none", yaxis_exponentformat="none",
     )
     for axis, log, column, scale in (("xaxis", log_x, data.x, sx), ("yaxis", log_y, data.y, sy)):
-        if log:  # decades labelled by the one formatter, as the PNG/SVG label them (10, 100, 1000, 10000, 100000, 1M)
+        if log:  # decades labelled by the one formatter in one notation, as the PNG/SVG label them (10, 100, 1k, 10k, 100k, 1M)
             values = decades(data.points[column] / scale)
-            fig.update_layout({axis: {"tickvals": values, "ticktext": [number(v) for v in values]}})
+            fig.update_layout({axis: {"tickvals": values, "ticktext": tick_labels(values)}})
+        elif np.nanmax(np.abs(pd.to_numeric(data.points[column], errors="coerce").to_numpy(dtype=float) / scale), initial=0) >= 1e6:
+            fig.update_layout({axis: {"tickformat": "~s"}})  # an axis reaching a million: 200k, 1M, 1.5G, as tick_labels writes them
     if data.title:
         fig.update_layout(title={"text": data.title, "x": 0.01, "xanchor": "left"})
     if data.z and z_as != "size":

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from paretolab.dashboard.plots import INFEASIBLE_COLOUR, MPL_MARKERS, REFERENCE, WEBGL_ABOVE, FrontierData, decades, error_bars
-from paretolab.plugin_api.numbers import number
+from paretolab.results.crossplot import tick_formatter
 
 
 def frontier_image(data: FrontierData, fmt: str, *, log_x: bool | None = None, log_y: bool | None = None) -> bytes:
@@ -80,7 +80,7 @@ def static_figure(data: FrontierData, *, log_x: bool | None = None, log_y: bool 
         ax.set_title(data.title, fontsize=11, loc="left")
     ax.set_xscale("log" if log_x else "linear")
     ax.set_yscale("log" if log_y else "linear")
-    plain = FuncFormatter(lambda v, _: number(float(v)))  # the one formatter: no 1e8 offset, no float noise
+    plain = tick_formatter()  # the one formatter, one notation per axis: no 1e8 offset, no float noise, 100k beside 1M
     for axis, log, column, scale in ((ax.xaxis, log_x, data.x, sx), (ax.yaxis, log_y, data.y, sy)):
         axis.set_major_formatter(plain)
         if log:  # the decades the page labels (plots.decades), with the same text

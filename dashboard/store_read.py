@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from paretolab.study.constraints import FEASIBLE, REASON
+from paretolab.study.constraints import FEASIBLE, REASON, reason_text
 from paretolab.study.optuna_study import PRUNED_AT
 
 NONE_METHOD = "none"
@@ -271,6 +271,7 @@ def _attr_columns(attrs: list[tuple[Any, ...]], n: int, rows_of: Any) -> dict[st
                 parsed[:] = json.loads("[" + ",".join(values[mine]) + "]")
                 column[rows[mine]] = parsed
     out[FEASIBLE] = np.array([v is not False for v in out[FEASIBLE]], dtype=bool) if n else np.array([], dtype=bool)
+    out[REASON] = np.array([reason_text(v) if v else v for v in out[REASON]], dtype=object)  # older code's e-notation, in the metric's unit
     return out
 
 

@@ -42,7 +42,9 @@ class Applied:
 
     def __repr__(self) -> str:
         chain = " → ".join(f"{s.method}({', '.join(f'{k}={v!r}' for k, v in sorted(s.params.items()))})" for s in self.stages)
-        costs = ", ".join(f"{k}={v:.6g}" for k, v in sorted(self.costs.items()))
+        from paretolab.plugin_api.numbers import metric_value
+
+        costs = ", ".join(f"{k}={metric_value(k, v)}" for k, v in sorted(self.costs.items()))
         return f"Applied({chain}; {costs}; cost_is={self.cost_is})"
 
 

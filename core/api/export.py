@@ -25,6 +25,7 @@ from paretolab.data.fidelity import logit_gap, probe_logits, quiet, reload
 from paretolab.data.outputs import check_export_dir, follow_umask, manifest, replace_dir, write_atomic, writing
 from paretolab.errors import ConfigError
 from paretolab.plugin_api import artifacts
+from paretolab.plugin_api.numbers import number
 from paretolab.plugin_api.storage import unique_parameters
 from paretolab.plugin_api.subject import Subject
 from paretolab.stores.locations import Stores
@@ -65,17 +66,16 @@ class Exported:
         """What the CLI prints."""
         out = [f"exported trial {self.trial} of {self.study!r} to {self.out}"]
         if self.recorded is not None and self.reproduced is not None:
-            span = f" (recorded 95 % interval [{self.interval[0]:.6g}, {self.interval[1]:.6g}])" if self.interval else ""
-            delta = self.reproduced - self.recorded
-            verdict = "reproduced exactly" if self.exact else f"reproduced within the interval (Δ {delta:+.4g})" if self.within else f"DIFFERS by {delta:+.4g}"
-            out.append(f"  {self.metric}: re-applied {self.reproduced:.6g} vs recorded {self.recorded:.6g}{span}: {verdict}")
-        mib = {k: f"{v / 2**20:.2f} MiB" for k, v in self.sizes.items()}
-        out.append("  sizes: " + ", ".join(f"{k} {v}" for k, v in mib.items()))
+            span = f" (recorded 95 % interval [{number(self.interval[0], digits=6)}, {number(self.interval[1], digits=6)}])" if self.interval else ""
+            delta = number(self.reproduced - self.recorded, signed=True)
+            verdict = "reproduced exactly" if self.exact else f"reproduced within the interval (Δ {delta})" if self.within else f"DIFFERS by {delta}"
+            out.append(f"  {self.metric}: re-applied {number(self.reproduced, digits=6)} vs recorded {number(self.recorded, digits=6)}{span}: {verdict}")
+        out.append("  sizes: " + ", ".join(f"{k} {number(v, 'bytes')}" for k, v in self.sizes.items()))  # decimal MB, as every surface
         if self.compact:
             kinds = sorted(set(self.compact.values()))
             how = (f"AutoModelForCausalLM.from_pretrained('{self.out / 'compact'}') with compressed-tensors installed"
                    if any("pack-quantized" in k for k in kinds) else "paretolab.api.compact.load_compact")
-            out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {self.logit_gap.get('compact', 0):.2g} "
+            out.append(f"  compact/: {len(self.compact)} tensor(s) as {', '.join(kinds)}, logits within {number(self.logit_gap.get('compact', 0), digits=2)} "
                        f"(relative) of the trial's model (load: {how})")
             if self.compact_fallback:
                 out.append(f"  compact/ is paretolab's own layout, not compressed-tensors: {self.compact_fallback}")
@@ -253,7 +253,7 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
     exported.logit_gap["dense"] = logit_gap(reload(staging), reference)
     if exported.logit_gap["dense"] > LOGIT_TOLERANCE:
         raise ExportError(f"no export path for {named}: the saved model's logits differ from the trial's model by "
-                          f"{exported.logit_gap['dense']:.2g} (relative); its forward pass is not what transformers rebuilds")
+                          f"{number(exported.logit_gap['dense'], digits=2)} (relative); its forward pass is not what transformers rebuilds")
     fallback: list[str] = []
     exported.compact = compact.write(subject, plain, staging / "compact", fallback)
     exported.compact_fallback = "; ".join(fallback)

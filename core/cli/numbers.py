@@ -51,7 +51,9 @@ def whole(low: int | None = None, high: int | None = MAX_INT) -> Callable[[str],
 
 
 def _span(low: float | None, high: float | None, above: bool, what: str = "a number") -> str:
+    from paretolab.plugin_api.numbers import number as text  # the one formatter (1G, not 1e+09), on the error path only
+
     if low is not None and high is not None and not above:
-        return f"{what} from {low:g} to {high:g}"
-    parts = [f"{'greater than' if above else 'at least'} {low:g}" if low is not None else "", f"at most {high:g}" if high is not None else ""]
+        return f"{what} from {text(low)} to {text(high)}"
+    parts = [f"{'greater than' if above else 'at least'} {text(low)}" if low is not None else "", f"at most {text(high)}" if high is not None else ""]
     return f"{what} " + " and ".join(p for p in parts if p) if any(parts) else what

@@ -32,6 +32,7 @@ EPILOG = """examples:
   paretolab report demo --bundle demo.jsonl.gz    the report from a bundle, no store needed
   paretolab results status                        which results documents' studies need a rerun
   paretolab plugins                               every method, task, measure and model
+  paretolab plugins rtn                           one method's details (--kind decoding: one kind's methods)
   paretolab models pull smollm2-135m              convert the default model once
   paretolab draft train --budget-min 15           train the EAGLE draft for speculative decoding
   paretolab dashboard                             browse studies and frontiers on http://127.0.0.1:8501
@@ -128,12 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
             jp.add_argument("--wait", type=number(0, 86400), default=30.0, help="seconds to wait for the job to end (default 30; 0: do not wait)")
         jp.set_defaults(func=cmd_jobs)
 
-    plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models", description=(
-        "Everything the installed plugins registered. Methods show kind, paper, search space and whether their "
-        "cost saving is real (a stored format or kernel) or simulated. A numeric list in a search space (rtn.bits: 2, 3, 4, 8) is "
-        "what a search tries by default, not the only values allowed: a pipeline may give another number the method accepts; "
-        "an integer parameter refuses fractional values and steps."
+    plugins = sub.add_parser("plugins", help="list methods, tasks, measures, metrics and models (NAME: one; --kind: one kind's methods)",
+                             formatter_class=argparse.RawDescriptionHelpFormatter, description=(
+        "Everything the installed plugins registered. Methods show kind, paper, search space and whether their\n"
+        "cost saving is real (a stored format or kernel) or simulated; `per-layer` marks a method that takes `layers:`\n"
+        "(docs/guides/layers.md). A numeric list in a search space (rtn.bits: 2, 3, 4, 8) is what a search tries by\n"
+        "default, not the only values allowed: a pipeline may give another number the method accepts; an integer\n"
+        "parameter refuses fractional values and steps. Metrics that differ only in their numbers are one family, one\n"
+        "line: llama_tok_s_c{1,2,4,8,16,32} (6, each with _ci_low, _ci_high) is llama_tok_s_c1 ... llama_tok_s_c32\n"
+        "and each one's 95 % interval bounds.\n\n"
+        "examples:\n"
+        "  paretolab plugins                    everything, methods first\n"
+        "  paretolab plugins rtn                one method: its search space, what it declares, each metric it reports\n"
+        "  paretolab plugins --kind decoding    the methods of one kind (weights, training, decoding, routing, ...)\n"
+        "  paretolab plugins ppl                one task, measure, metric or model by its name\n"
+        "  paretolab plugins engine --json      machine-readable, every metric listed by name"
     ))
+    plugins.add_argument("name", nargs="?", metavar="NAME", help="one method (or task, measure, metric, model) by name")
+    plugins.add_argument("--kind", metavar="KIND", help="only the methods of this kind (weights, training, decoding, routing, ...)")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=cmd_plugins)
 

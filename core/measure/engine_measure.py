@@ -54,6 +54,7 @@ from paretolab.measure.engine_ppl import EnginePplError, compare, task_windows, 
 from paretolab.measure.engine_server import EngineStartError, Server, free_port, group_alive, serve
 from paretolab.measure.engine_vllm import VllmEngine, shim_dir
 from paretolab.plugin_api import artifacts
+from paretolab.plugin_api.numbers import number
 from paretolab.plugin_api.context import TrialContext
 from paretolab.plugin_api.hookspec import hookimpl
 from paretolab.plugin_api.measure import Measure
@@ -291,7 +292,7 @@ class Engine(Measure):
             info[f"{e}_format"] = f"F32 {DENSE_LABEL}: only {got} of {want} int{bits} g32 matrices sat on the {BITS_TO_TYPE[bits]} grid"
             return f32
         info[f"{e}_format"] = (f"{BITS_TO_TYPE[bits]} (exact: the trial's codes; block scales stored as fp16, "
-                               f"largest relative change {done.scale_rel_err:.1e}; other tensors F32)")
+                               f"largest relative change {number(done.scale_rel_err, digits=2)}; other tensors F32)")
         f32.unlink()
         return done.path
 

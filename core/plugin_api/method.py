@@ -191,12 +191,21 @@ def _describe_distribution(dist: Any) -> str:
     if isinstance(dist, CategoricalDistribution):
         numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in dist.choices)
         # numeric choices are the searched values, not a validity range: a pipeline may fix another number the method accepts
-        return ("searched over " if numeric else "one of ") + ", ".join(repr(c) for c in dist.choices) + (" (other numbers allowed)" if numeric else "")
+        return ("searched over " if numeric else "one of ") + ", ".join(_bound(c) for c in dist.choices) + (" (other numbers allowed)" if numeric else "")
     if isinstance(dist, (FloatDistribution, IntDistribution)):
-        text = f"{dist.low}..{dist.high}"
+        text = f"{_bound(dist.low)}..{_bound(dist.high)}"
         if dist.log:
             text += " (log)"
         if dist.step not in (None, 1) or isinstance(dist, FloatDistribution) and dist.step:
-            text += f" step {dist.step}"
+            text += f" step {_bound(dist.step)}"
         return text
     return repr(dist)
+
+
+def _bound(value: Any) -> str:
+    """A search space's value as written in the pipeline (``0.0001``, ``1.0``, ``'row'``), never in e-notation: ``1e-05`` ->
+    ``0.00001``, every digit kept (Python's shortest repr, written out in decimal)."""
+    from decimal import Decimal
+
+    text = repr(value)
+    return format(Decimal(text), "f") if isinstance(value, float) and "e" in text else text

@@ -102,7 +102,9 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 def _size(n: int) -> str:
-    return f"{n / (1 << 30):g} GiB" if n >= 1 << 30 else f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
+    from paretolab.plugin_api.numbers import number as number_text  # `number` is a line number here
+
+    return number_text(n, "bytes")  # 67.11 MB: decimal, as every surface writes bytes
 
 
 def _p(path: Path) -> str:

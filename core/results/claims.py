@@ -20,7 +20,7 @@ replicates and every shared setting, one verdict per setting. The estimate and i
   lies wholly beyond, else *inconclusive*; ``equivalent``: the interval within ±margin;
 - an interval of zero width is no verdict ("no variation observed"), nor is one replicate without
   per-example scores; but an *exact* metric (registered ``exact``: bytes held, floats stored) whose every replicate
-  reads the same on both arms is an exact effect, judged as it stands against the claim ("held: -40.16 MiB on each
+  reads the same on both arms is an exact effect, judged as it stands against the claim ("held: -42.11 MB on each
   of 3 seeds, deterministic").
 
 Before any of these, a comparison that cannot bear on the claim is no verdict, saying why: the method did not work
@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.plugin_api.numbers import DIGITS, UNITLESS, interval_digits, interval_text, metric_value, number, plural, unit_of
+from paretolab.plugin_api.numbers import BYTE_UNITS, DIGITS, RATIO, UNITLESS, interval_digits, interval_text, metric_value, number, plural, ratio, unit_of
 from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict, worse_side
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
 from paretolab.study.report_spec import Claim
@@ -144,7 +144,7 @@ def _span(metric: str, values: list[float]) -> str:
 
 
 def _percent(fraction: float) -> str:
-    return f"{fraction * 100:g} %"
+    return f"{number(fraction * 100)} %"
 
 
 def budget_verdict(claim: Claim, group: Group) -> str | None:
@@ -209,10 +209,10 @@ def exact_verdict(claim: Claim, est: Estimate, group: Group, exact: Exact | None
         assert band is not None
         held = band[0] <= worse <= band[1]
     if claim.scale == "log":
-        shown = f"×{number(math.exp(est.mean))}"
+        shown = ratio(math.exp(est.mean))
     else:
         unit = unit_of(claim.metric)
-        shown = metric_value(claim.metric, est.mean, signed=True) + (f" {unit}" if unit not in UNITLESS and unit != "bytes" else "")
+        shown = metric_value(claim.metric, est.mean, signed=True) + (f" {unit}" if unit not in UNITLESS and unit not in BYTE_UNITS else "")
     names = [r.split(".")[-1] for r in claim.replicates]
     each = plural(names[0]) if len(names) == 1 else "replicates" if names else "pairs"
     return f"{'held' if held else 'did not hold'}: {shown} on each of {est.replicates} {each}, deterministic"
@@ -253,8 +253,8 @@ def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Calla
                  bounds: Bounds | None = None, chance: Chance | None = None, exact: Exact | None = None) -> list[dict[str, Any]]:
     """The verdicts as data (``paretolab.load_study(...).verdicts``): one row per claim and setting, as the report says them.
 
-    ``difference``/``low``/``high`` are method − baseline, or the ratio method ÷ baseline for a ``scale: log`` claim.
-    Value claims (``target``) are left out: their verdict is per trial, in the report.
+    ``difference``/``low``/``high`` are method − baseline, or the ratio method ÷ baseline for a ``scale: log`` claim;
+    ``p`` the one-sided p value the Holm line adjusts (None for no verdict). Value claims (``target``) are left out: their verdict is per trial, in the report.
     """
     rows = []
     for claim in claims:
@@ -262,12 +262,12 @@ def verdict_rows(claims: list[Claim], trials: list[dict[str, Any]], fetch: Calla
             continue
         groups, _ = group_pairs(claim, trials)
         back = math.exp if claim.scale == "log" else (lambda v: v)
-        for group, est, said, _ in _judged(claim, groups, fetch, bounds, chance, exact):
+        for group, est, said, p in _judged(claim, groups, fetch, bounds, chance, exact):
             rows.append({"claim": claim.text, "metric": claim.metric, "method": claim.method, "baseline": claim.baseline,
                          "setting": group.label() if group.setting else "", "expect": claim.expect, "margin": claim.margin,
                          "scale": claim.scale, "verdict": said, "difference": back(est.mean),
                          "low": None if est.low is None else back(est.low), "high": None if est.high is None else back(est.high),
-                         "pairs": est.replicates, "trials": [(m["trial"], b["trial"]) for m, b in group.pairs]})
+                         "pairs": est.replicates, "trials": [(m["trial"], b["trial"]) for m, b in group.pairs], "p": p})
     return rows
 
 
@@ -278,18 +278,19 @@ def _band(claim: Claim) -> tuple[float, float] | None:
 def _margin(claim: Claim) -> str:
     """The margin as the claim means it: in the metric's units, or on ``scale: log`` the ratio it allows."""
     if claim.scale != "log" or claim.margin is None:
-        return f"{claim.margin:g}"
+        return number(claim.margin)
     worst = 1 + claim.margin if claim.better == "lower" else 1 - claim.margin
     if claim.expect == "no_worse":
-        return f"{claim.margin:.1%} (the ratio {'at most' if claim.better == 'lower' else 'at least'} ×{worst:g})"
-    return f"{claim.margin:.1%} (the ratio within ×{1 - claim.margin:g} … ×{1 + claim.margin:g})"
+        return f"{claim.margin:.1%} (the ratio {'at most' if claim.better == 'lower' else 'at least'} {ratio(worst)})"
+    return f"{claim.margin:.1%} (the ratio within {ratio(1 - claim.margin)} … {ratio(1 + claim.margin)})"
 
 
 def _difference(claim: Claim, est: Estimate, group: Group) -> str:
     log = claim.scale == "log"
     name = f"{claim.metric} {claim.method} {'÷' if log else '−'} {claim.baseline}"
-    d = interval_digits(*((math.exp(est.low), math.exp(est.high)) if log else (est.low, est.high))) if est.low is not None and est.high is not None else DIGITS
-    show = (lambda v: f"×{number(math.exp(v), digits=d)}") if log else (lambda v: number(v, signed=True, digits=d))
+    unit = RATIO if log else unit_of(claim.metric)  # a ratio ×1.24 [×1.08, ×1.43]; a difference in the metric's unit (bytes: MB)
+    d = interval_digits(*((math.exp(est.low), math.exp(est.high)) if log else (est.low, est.high)), unit) if est.low is not None and est.high is not None else DIGITS
+    show = (lambda v: number(math.exp(v), unit, digits=d)) if log else (lambda v: number(v, unit, signed=True, digits=d))
     span = f" [{show(est.low)}, {show(est.high)}]" if est.low is not None and est.high is not None and not est.zero_width else ""
     rests = f" (95 % interval: {est.rests_on()}{'; clipped to the metric’s range' if est.clipped else ''})" if span else ""
     if est.zero_width:
@@ -374,7 +375,7 @@ def value_claim_lines(claim: Claim, trials: list[dict[str, Any]]) -> list[str]:
     assert claim.target is not None and claim.tolerance is not None
     low, high = claim.target - claim.tolerance, claim.target + claim.tolerance
     rows = [t for t in trials if isinstance(t.get(claim.metric), (int, float)) and math.isfinite(float(t[claim.metric]))]
-    lines = [f"**Claim:** {claim.text}", "", f"`{claim.metric}` expected within {claim.target:g} ± {claim.tolerance:g}.", ""]
+    lines = [f"**Claim:** {claim.text}", "", f"`{claim.metric}` expected within {number(claim.target)} ± {number(claim.tolerance)}.", ""]
     if not rows:
         return [*lines, f"**Verdict: no verdict: no trial reported {claim.metric}**.", ""]
     spans = [_stored_interval(t, claim.metric) for t in rows]

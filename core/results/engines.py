@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paretolab.plugin_api.numbers import interval_text, number
+from paretolab.plugin_api.numbers import RATIO, interval_text, number, plain_text
 from paretolab.results.load import MAX_LOAD
 from paretolab.results.noise import engine_ppl_gaps, with_interval
 
@@ -70,7 +70,7 @@ def _ratio_text(r: tuple[float, float, float] | None) -> str:
     if r is None:
         return ""
     v, lo, hi = r
-    return number(v) if lo != lo else interval_text(v, lo, hi)
+    return number(v, RATIO) if lo != lo else interval_text(v, lo, hi, RATIO)  # ×1.24 [×1.08, ×1.43]
 
 
 def _load_owner(served: list[dict[str, Any]], most: float) -> str:
@@ -81,13 +81,13 @@ def _load_owner(served: list[dict[str, Any]], most: float) -> str:
         return "the machine's cores were not recorded, so other work may have shared it"
     n = float(cores.pop())
     if most <= n + MAX_LOAD:
-        return f"the server's and the load generator's own, on {n:g} cores: no other work beyond {MAX_LOAD:g}"
-    return f"over the {n:g} cores by more than {MAX_LOAD:g}: shared with other work"
+        return f"the server's and the load generator's own, on {number(n)} cores: no other work beyond {number(MAX_LOAD)}"
+    return f"over the {number(n)} cores by more than {number(MAX_LOAD)}: shared with other work"
 
 
 def engine_cells(row: dict[str, Any], e: str, base: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, str]:
     """One trial in one engine, as text cells: served as, tok/s per level (÷ none), the engine's ppl and its gap."""
-    cells = {"engine": ENGINES[e], "served as": str(info.get(f"{e}_format", ""))}
+    cells = {"engine": ENGINES[e], "served as": plain_text(str(info.get(f"{e}_format", "")))}
     for c in LEVELS:
         metric = f"{e}_tok_s_c{c}"
         if metric in row:

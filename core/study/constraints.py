@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paretolab.errors import ConfigError
-from paretolab.plugin_api.numbers import metric_value
+from paretolab.plugin_api.numbers import E_NOTATION, metric_value, number
 from paretolab.study.arms import arm_params, in_arm
 from paretolab.study.fields import lookup, no_unknown
 
@@ -54,7 +54,7 @@ class Constraint:
         if self.ratio_to is None:
             return f"{self.metric} {sign} {metric_value(self.metric, self.bound)}"
         ref = f" = {metric_value(self.metric, self.limit(reference))}" if reference is not None else ""
-        return f"{self.metric} {sign} {self.bound:g} x {self.ratio_to}{ref}"
+        return f"{self.metric} {sign} {number(self.bound)} x {self.ratio_to}{ref}"
 
 
 def parse_constraints(raw: Any, stages: tuple[Any, ...], regs: Any) -> tuple[Constraint, ...]:
@@ -179,3 +179,19 @@ def keep_verdict(trial: Any, verdict: dict[str, Any], bounds: dict[str, float]) 
         trial.set_user_attr(key, value)
     for key, bound in bounds.items():
         trial.set_constraint(key, bound)
+
+
+def reason_text(text: str) -> str:
+    """A stored reason or bound in words (``infeasible_because``, the study's ``constraints``) as today's code writes it:
+    the e-notation older code left (``size_bytes 5.3806e+08 breaks size_bytes <= 1 x rtn = 1.8154e+08``) in the
+    metric's unit (``538.1 MB``), a ratio bound (``1 x rtn``) a plain number."""
+    parts = []
+    for part in str(text).split("; "):
+        metric = part.split(" ", 1)[0].rstrip(":")
+
+        def plain(m: Any, part: str = part, metric: str = metric) -> str:
+            value = float(m.group(1) + m.group(2))
+            return number(value) if part[m.end():].startswith(" x ") else metric_value(metric, value)
+
+        parts.append(E_NOTATION.sub(plain, part))
+    return "; ".join(parts)

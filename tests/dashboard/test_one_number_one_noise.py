@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 from paretolab.dashboard import data
 from paretolab.dashboard.plots import frontier_points
 from paretolab.dashboard.tables import compare_table, frontier_table, key_values
-from paretolab.plugin_api.numbers import axis_title, interval_text, metric_value, number, param_value
+from paretolab.plugin_api.numbers import axis_scale, axis_title, interval_text, metric_value, number, param_value, plain_text, tick_labels
 from paretolab.results.read import frontier_rows, print_frontier
 from paretolab.results.section import markdown_table
 from paretolab.stats import ARTIFACT, per_example_json
@@ -32,7 +32,13 @@ from .conftest import PIPELINE, _mlflow_params, _params
     (0.5675410179622814, "", "0.5675"),        # was sparsity=0.5675410179622814 in `report`
     (8.0, "", "8"),
     (12345.67, "", "12346"),
-    (0.0000123456, "", "1.235e-05"),
+    (0.0000123456, "", "0.00001235"),          # never e-notation (was 1.235e-05; ×2.777e-05 as a ratio's bound in a document)
+    (-5.399e-07, "", "-0.0000005399"),
+    (1e-300, "", "0"),                         # below 1e-15: 0
+    (1.2e15, "", "1.2P"),                      # was 1.2e+15
+    (40.16, "MiB", "42.11 MB"),                # a memory metric in MiB: decimal MB, as bytes are written (was -40.16 MiB in a verdict)
+    (1.02, "x", "×1.02"),                      # a ratio carries ×
+    (float("inf"), "x", "×∞"),
     (float("nan"), "", ""),
     (None, "", ""),
     ("row", "", "row"),
@@ -48,6 +54,15 @@ def test_an_interval_with_different_bounds_never_reads_as_zero_width():
     assert interval_text(20.3, 16.37, 25.17) == "20.3 [16.37, 25.17]"
     assert interval_text(5.0, 5.0, 5.0) == "5 [5, 5]"
     assert interval_text(1.5e6, 1.50001e6, 1.50002e6, "bytes") == "1.5 MB [1.50001 MB, 1.50002 MB]"
+    assert interval_text(1.426, 1.129, 1.787, "x") == "×1.426 [×1.129, ×1.787]"  # ENGINES.md's ÷ none wrote 1.426 [1.129, 1.787]
+
+
+def test_e_notation_older_code_stored_and_axis_ticks_read_one_way():
+    assert plain_text("largest relative change 4.9e-04; 0.1.0+1d2e635") == "largest relative change 0.00049; 0.1.0+1d2e635"
+    assert tick_labels([10, 100, 1000, 1e4, 1e5, 1e6]) == ["10", "100", "1k", "10k", "100k", "1M"]  # was 100000 beside 1M
+    assert tick_labels([0.1, 1, 10, 100]) == ["0.1", "1", "10", "100"]
+    assert metric_value("ppl ÷ none", 1.051) == "×1.051" and metric_value("decode_speedup", 1.02) == "×1.02"
+    assert axis_title("peak_act_mb", "minimize") == "peak_act_mb [MB] ↓" and axis_scale("peak_act_mb") == 1e6 / 2**20
 
 
 def test_params_read_as_numbers_also_when_mlflow_kept_them_as_text():

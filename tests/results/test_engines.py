@@ -38,8 +38,8 @@ def test_the_section_says_where_the_engine_and_the_in_process_figure_disagree() 
     lines = engine_lines([none, rtn], baseline_finder([none, rtn], ()), markdown_table)
     text = "\n".join(lines)
     assert "| none | 0 | llama.cpp | F32 | 20 [18, 22] |" in text
-    assert "| rtn | 1 | llama.cpp | Q4_0 (exact: ...) | 30 [28, 32] | 1.5 [1.273, 1.778] |" in text
-    assert "trial 1 (rtn), llama.cpp at 1 user: against none, the engine says **faster** (1.5 [1.273, 1.778]), the in-process decode **slower**" in text
+    assert "| rtn | 1 | llama.cpp | Q4_0 (exact: ...) | 30 [28, 32] | ×1.5 [×1.273, ×1.778] |" in text
+    assert "trial 1 (rtn), llama.cpp at 1 user: against none, the engine says **faster** (×1.5 [×1.273, ×1.778]), the in-process decode **slower**" in text
     assert "trial 1 (rtn), llama.cpp: the served model's perplexity differs from the trial's beyond noise (+0.5 [+0.3, +0.7] beyond noise (paired, 4 windows))" in text
     assert "trial 0" not in text.split("Where they disagree")[1]  # the baseline is compared with nothing
     assert "1-minute load average while the engines were under load was 11.5–13.2 (2 loads" in text

@@ -131,15 +131,16 @@ def test_the_budget_is_declared_on_the_claim_validated_and_read_back_from_the_st
 
 
 def test_an_exact_metrics_identical_replicates_are_an_exact_effect_judged_against_the_claim():
-    """UPipe's activation memory: -40.16 MiB on every seed is what head-chunking saves, not "no variation observed"."""
+    """UPipe's activation memory: -40.16 MiB (-42.11 MB) on every seed is what head-chunking saves, not "no variation observed";
+    written in decimal MB, as every surface writes bytes."""
     assert metric_exact("peak_act_mb") and not metric_exact("val_loss")
     claim = Claim("upipe saves memory", "peak_act_mb", "upipe", "none", "lower", ("seed",))
     trials = _arms("upipe", "none", "peak_act_mb", [195.0, 195.0, 195.0], [235.16, 235.16, 235.16])
     verdict = _verdicts(claim, trials, exact=metric_exact)[0]
-    assert verdict.startswith("**Verdict: held: -40.16 MiB on each of 3 seeds, deterministic** — peak_act_mb upipe − none = -40.16"), verdict
+    assert verdict.startswith("**Verdict: held: -42.11 MB on each of 3 seeds, deterministic** — peak_act_mb upipe − none = -42.11 MB"), verdict
     assert _verdicts(claim, trials)[0].startswith("**Verdict: no verdict: no variation observed across 3 replicate(s)**")
     more = Claim("upipe costs memory", "peak_act_mb", "upipe", "none", "higher", ("seed",))
-    assert _verdicts(more, trials, exact=metric_exact)[0].startswith("**Verdict: did not hold: -40.16 MiB on each of 3 seeds, deterministic**")
+    assert _verdicts(more, trials, exact=metric_exact)[0].startswith("**Verdict: did not hold: -42.11 MB on each of 3 seeds, deterministic**")
     ratio = Claim("prac saves memory", "peak_act_mb", "upipe", "none", "no_worse", ("seed",), margin=0.05, scale="log")
     assert _verdicts(ratio, trials, exact=metric_exact)[0].startswith("**Verdict: held: ×0.8292 on each of 3 seeds, deterministic**")
     # beside a loss claim held at one-sided p = 0.018: the exact effect counts as held (p = 0) in Holm's step-down, so the
@@ -148,8 +149,8 @@ def test_an_exact_metrics_identical_replicates_are_an_exact_effect_judged_agains
     both = [{**t, "val_loss": 3.0 + (0.0 if t["label"] == "none" else (-1.0, -1.2, -2.0)[t["params"]["seed"]])} for t in trials]
     lines = claims_lines([claim, loss], both, lambda run: None, None, None, None, metric_exact)
     holm = next(line for line in lines if line.startswith("**Holm"))
-    assert "upipe: held: -40.16 MiB" in holm and "`val_loss` upipe: held" in holm and "not held after adjustment" not in holm, holm
-    assert [r["verdict"] for r in verdict_rows([claim], trials, exact=metric_exact)] == ["held: -40.16 MiB on each of 3 seeds, deterministic"]
+    assert "upipe: held: -42.11 MB" in holm and "`val_loss` upipe: held" in holm and "not held after adjustment" not in holm, holm
+    assert [r["verdict"] for r in verdict_rows([claim], trials, exact=metric_exact)] == ["held: -42.11 MB on each of 3 seeds, deterministic"]
 
 
 def test_no_variation_stays_no_verdict_unless_the_metric_is_exact_and_each_arm_reads_the_same_on_every_replicate():

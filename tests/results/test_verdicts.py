@@ -126,12 +126,12 @@ def test_a_log_scale_judges_a_ratio_that_a_linear_interval_drowns():
 
 
 def test_replicates_that_agree_exactly_give_no_verdict_unless_their_examples_carry_noise():
-    """prac's peak_act_mb: −8.435 on both seeds and no per-example scores is "no variation observed", never "held", unless the
+    """prac's peak_act_mb: −8.435 MiB (−8.845 MB) on both seeds and no per-example scores is "no variation observed", never "held", unless the
     metric is registered exact (then it is an exact effect: tests/results/test_verdict_rules.py)."""
     trials = [_trial(0, "prac", "peak_act_mb", 1.565, seed=0), _trial(1, "none", "peak_act_mb", 10.0, seed=0),
               _trial(2, "prac", "peak_act_mb", 1.565, seed=1), _trial(3, "none", "peak_act_mb", 10.0, seed=1)]
     verdict = _verdicts(_lines([Claim("t", "peak_act_mb", "prac", "none", "lower", ("seed",))], trials))[0]
-    assert verdict.startswith("**Verdict: no verdict: no variation observed across 2 replicate(s)** — peak_act_mb prac − none = -8.435"), verdict
+    assert verdict.startswith("**Verdict: no verdict: no variation observed across 2 replicate(s)** — peak_act_mb prac − none = -8.845 MB"), verdict
     assert "[" not in verdict.split("=", 1)[1].split(",")[0]  # no interval printed as if it were one
     # the same two replicates, identical, but each scored on 40 examples: the example noise gives the interval its width
     payloads = {f"r{n}": {"unit": "example", "n": 40, "scores": {"acc": [float((i * (n + 3)) % 3 == 0) for i in range(40)]}} for n in range(4)}

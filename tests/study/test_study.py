@@ -119,7 +119,7 @@ def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray
 def test_third_party_plugin_is_listed_and_autoload_can_turn_it_off(tmp_path, with_testplugin):
     listed = run_cli("plugins", cwd=tmp_path).stdout
     assert "noise  [weights, cost simulated]  from testplugin (paretolab-testplugin 0.3.1)" in listed
-    assert "magnitude  [weights, cost simulated]  from paretolab.plugins.baselines\n" in listed
+    assert "magnitude  [weights, cost simulated, per-layer]  from paretolab.plugins.baselines\n" in listed
     off = run_cli("plugins", cwd=tmp_path, env={"PARETOLAB_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
     assert "  noise  [" not in off and "  magnitude  [" in off
     pipeline = write_pipeline(tmp_path, name="third", stages=[{"method": "noise"}])
