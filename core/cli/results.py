@@ -135,6 +135,27 @@ def _figures(root: Path, docs: list, *, check: bool) -> list[str]:
             raise ConfigError(f"results render: writing {figure.out} failed ({exc.strerror or exc}); the files written before are "
                               "left as they were: free some space and render again") from None
         print(f"wrote {', '.join(str(p.relative_to(root)) for p in written)} ({len(points)} trials)")
+    return stale + _study_figures(root, docs, check=check)
+
+
+def _study_figures(root: Path, docs: list, *, check: bool) -> list[str]:
+    """Each study's frontier picture (results/figures/STUDY.png, .svg, its points in .json); with ``check``, the stale ones."""
+    from paretolab.errors import ConfigError
+    from paretolab.results.documents import bundle_path
+    from paretolab.results.figures import document_figures
+    from paretolab.results.source import BundleSource
+
+    stale = []
+    for doc in docs:
+        source = BundleSource([p for p in (bundle_path(root, s) for s in doc.studies) if p.is_file()])
+        try:
+            found, written = document_figures(root, list(doc.studies), source, check=check)
+        except OSError as exc:
+            raise ConfigError(f"results render: writing the figures of {doc.path} failed ({exc.strerror or exc}); the files "
+                              "written before are left as they were: free some space and render again") from None
+        stale += found
+        if written:
+            print(f"wrote {len(written) // 3} picture(s) of {doc.path} under results/figures/")
     return stale
 
 

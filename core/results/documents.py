@@ -15,6 +15,7 @@ from typing import Any
 
 from paretolab.data.names import check_name, printable
 from paretolab.errors import ConfigError
+from paretolab.plugin_api.numbers import number
 from paretolab.results.extras import check_extras
 from paretolab.results.load import MAX_LOAD
 
@@ -178,7 +179,7 @@ def busy_timing(root: Path, study: str, max_load: float) -> str:
     cpus = float(((record.user_attrs.get("pipeline") or {}).get("resources") or {}).get("cpus") or 1)
     if load <= cpus + max_load:
         return ""
-    return f"timed on a busy machine: 1-min load up to {load:g} beside its own {cpus:g} CPU(s)"
+    return f"timed on a busy machine: 1-min load up to {number(load)} beside its own {number(cpus)} CPU(s)"
 
 
 def run_state(root: Path, study: str, *, timed: bool, max_load: float = MAX_LOAD, busy_ok: bool = False) -> tuple[str, str]:
@@ -245,14 +246,20 @@ HEAD = """`cost` says whether a saving is real (a stored format or a kernel that
 latency columns are measured on the machine that ran the study, so compare them within a table, not across machines. A
 study whose pipeline carries claims opens with each and its verdict on the stored trials: paired with the baseline on the
 same replicate (seed, calibration draw, split) and settings, one verdict per setting that varies, a 95 % interval
-carrying both the replicate-to-replicate and the example-to-example noise (docs/tutorials/verdicts.md)."""
+carrying both the replicate-to-replicate and the example-to-example noise (docs/tutorials/verdicts.md). Its table lists
+the trials best first (those on the study's frontier over its objectives, then the front under them, each by its first
+objective), a wide table as the decision columns with every measurement folded under them; its picture draws every
+trial on its first two objectives (and the pipeline's `frontiers:` pairs), the frontier in black."""
 
 
 def render_document(doc: Document, source: Any, root: Path | None = None) -> str:
-    """The whole Markdown document from ``source`` (a BundleSource for the committed documents): provenance first."""
+    """The whole Markdown document from ``source`` (a BundleSource for the committed documents): the summary of its
+    verdicts first, then its provenance, its cross-study picture, and each study with its picture (given ``root``)."""
+    from paretolab.results.figures import figure_markdown, study_panels
     from paretolab.results.section import study_section
+    from paretolab.results.summary import study_summary, summary_lines
 
-    sections, provenance = [], []
+    sections, provenance, summary = [], [], []
     for name in doc.studies:
         try:
             record = source.record(name) if hasattr(source, "record") else None
@@ -260,19 +267,25 @@ def render_document(doc: Document, source: Any, root: Path | None = None) -> str
             record = None
         if hasattr(source, "record") and record is None:
             sections.append(f"## {name}\n\nNo bundle yet: `paretolab results run {doc.family}` runs it.\n")
+            summary.append({"study": name, "claim": "*no bundle yet*", "mark": "", "verdict": "", "effect": ""})
             continue
         if record is not None:
             provenance.append((name, record.provenance))
             if root is not None:
                 current_claims(root, name, record)
-        sections.append(study_section(name, source, list(doc.metrics) or _default_metrics(), frontier=doc.trials == "frontier"))
+        summary += study_summary(name, source)
+        figure = figure_markdown(name, study_panels(name, source), doc.path) if root is not None else ""
+        sections.append(study_section(name, source, list(doc.metrics) or _default_metrics(), frontier=doc.trials == "frontier",
+                                      figure=figure))
     head = [
         f"# {doc.title}",
         "",
+        *summary_lines(summary),
         f"Rendered from the studies' bundles (`results/bundles/STUDY.jsonl.gz`) by `make results-docs`; not edited by hand.",
         f"`paretolab results run {doc.family}` reruns a study whose bundle is missing or was made from another pipeline.",
         "",
         *provenance_lines(provenance),
+        *(_cross_figures(doc, source, root) if root is not None else []),
         HEAD,
         "",
     ]
@@ -281,6 +294,20 @@ def render_document(doc: Document, source: Any, root: Path | None = None) -> str
 
         sections += render_extras(doc.extras, source, root, doc.path)
     return printable("\n".join(head + sections), lines=True)  # a bundle's machines, names, reasons: no terminal escape in a document
+
+
+def _cross_figures(doc: Document, source: Any, root: Path) -> list[str]:
+    """The manifest's cross-study pictures of the document's family (the SmolLM2 frontier of every compression study)."""
+    import os
+
+    from paretolab.results.crossplot import cross_points
+
+    lines = []
+    for figure in read_figures(root):
+        if figure.family == doc.family and cross_points(source, list(doc.studies), figure.model):
+            path = os.path.relpath(f"{figure.out}.png", Path(doc.path).parent)
+            lines += [f"![{figure.model}: every compression study's trials, perplexity against size, one frontier]({path})", ""]
+    return lines
 
 
 def current_claims(root: Path, study: str, record: Any) -> None:
@@ -323,6 +350,7 @@ def provenance_lines(provenance: list[tuple[str, dict[str, Any]]]) -> list[str]:
     machines = sorted({m for _, p in provenance for m in p.get("machines") or []})
     lines = [
         "**Provenance.**",
+        "",
         f"- Trials ran {_day(dates[0])} – {_day(dates[-1])} (UTC)." if dates else "- Trial dates: not recorded.",
         f"- Code that ran them: paretolab {', '.join(codes)}." if codes else "- Code that ran them: not recorded.",
         f"- Code that judged them: the results code {judging_code()} (a hash of paretolab's results, stats and claim syntax).",

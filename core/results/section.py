@@ -15,8 +15,9 @@ import optuna
 from paretolab.data.names import markdown_text, printable
 from paretolab.measure.energy import DEFAULT_WATTS_PER_CORE, is_energy_metric
 from paretolab.plugin_api.manager import registries
-from paretolab.plugin_api.numbers import metric_value, number, param_value
+from paretolab.plugin_api.numbers import RATIO, metric_value, number, param_value
 from paretolab.results.claims import claims_lines, trial_label
+from paretolab.results.layout import best_first, decision_tables, marked_verdicts, unmarked
 from paretolab.results.metric_facts import chance_levels, metric_bounds, metric_exact
 from paretolab.results.engines import engine_lines
 from paretolab.results.frontier import CONSTRAINTS, frontier_lines
@@ -30,11 +31,11 @@ from paretolab.results.read import (
 )
 from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
-from paretolab.study.constraints import REASON
+from paretolab.study.constraints import REASON, reason_text
 from paretolab.study.report_spec import claims_from
 
 
-def study_section(name: str, stores: Stores | Source, metrics: list[str], *, frontier: bool = True) -> str:
+def study_section(name: str, stores: Stores | Source, metrics: list[str], *, frontier: bool = True, figure: str = "") -> str:
     """One study as Markdown: what ran (model, task, trial counts) and the method-vs-baseline table.
 
     Metric columns that no trial reported are left out. When the study has an unmodified-model
@@ -50,7 +51,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         task = f"{task.get('name', '')} ({', '.join(f'{k}={v}' for k, v in task.items() if k != 'name')})"
     failed = sum(s == optuna.trial.TrialState.FAIL for s in states)
     pruned = sum(s == optuna.trial.TrialState.PRUNED for s in states)
-    constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
+    constraints = [reason_text(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     feasible = [r for r in rows if r.get("feasible", True)]
     lines = [
         f"## {markdown_text(name)}",  # a name from a store or a bundle: one heading, whatever it holds
@@ -59,6 +60,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         *_claim(pipeline, rows, stores),
         *constraint_lines(constraints, objectives, rows, frontier=frontier),
         *_frontiers(pipeline, feasible),
+        *([figure, ""] if figure else []),  # the study's frontier drawn (a results document's picture)
         f"Model `{study.user_attrs.get('model', '?')}`, task {task}; objectives "
         + ", ".join(f"{m} ({d})" for m, d in objectives)
         + f"; {len(rows)} complete trial(s), {failed} failed" + _why_failed(study) + (f", {pruned} pruned (stopped early by the study's pruner)" if pruned else "") + ".",
@@ -73,7 +75,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         lines += [f"> **{note}.**", ""]
     if not rows:
         return printable("\n".join([*lines, "No complete trials yet.", ""]), lines=True)
-    shown = per_method(objectives, rows, frontier=frontier)
+    shown = best_first(per_method(objectives, rows, frontier=frontier), objectives)
     wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
     columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
     first = objectives[0][0]
@@ -102,7 +104,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
             r[INFEASIBLE] = "" if r.get("feasible", True) else f"✗ {r.get(REASON) or 'no reason recorded'}"
         columns.append(INFEASIBLE)
     # a study that served its trials by engines leads with them (their ratios against none); every trial's row follows
-    lines += [*engines, *(["### Every trial", ""] if engines else []), markdown_table(shown, [*columns, "cost", "trial"]), "", *notes, *legend,
+    lines += [*engines, *(["### Every trial", ""] if engines else []), *decision_tables(shown, [*columns, "cost", "trial"], objectives, markdown_table, ("cost", "trial", INFEASIBLE)), *notes, *legend,
               *_base_timings(rows)]
     return printable("\n".join(lines), lines=True)  # whatever a store or a bundle held: no terminal escape in the document
 
@@ -180,8 +182,8 @@ def _trained_base(found: tuple[str, Any] | None) -> list[str]:
     if not isinstance(record, dict):
         return []
     loss = record.get("val_loss")
-    loss_text = f", val_loss {loss:.3f} nats/token on {record.get('val_corpus', '?')}" if isinstance(loss, (int, float)) else ""
-    return [f"Base `{model}`: {record.get('weights', '?')}, from `{record.get('base', '?')}` on {int(record.get('tokens') or 0):,} tokens of "
+    loss_text = f", val_loss {number(loss)} nats/token on {record.get('val_corpus', '?')}" if isinstance(loss, (int, float)) else ""
+    return [f"Base `{model}`: {record.get('weights', '?')}, from `{record.get('base', '?')}` on {number(int(record.get('tokens') or 0))} tokens of "
             f"{record.get('corpus', '?')} (seed {record.get('seed', '?')}){loss_text}; saved {record.get('saved_at', '?')}.", ""]
 
 
@@ -191,8 +193,8 @@ def _claim(pipeline: dict[str, Any], rows: list[dict[str, Any]], source: Source)
     claims = claims_from(pipeline, {m.name: m.direction for m in metrics})
     if not claims:
         return []
-    return claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds,
-                        chance_levels(pipeline, source), metric_exact)
+    return marked_verdicts(claims_lines(claims, claim_trials(pipeline, rows), source.curves(), source.per_example(), metric_bounds,
+                                        chance_levels(pipeline, source), metric_exact))
 
 
 def verdict_summary(name: str, stores: Stores | Source) -> list[str]:
@@ -201,7 +203,7 @@ def verdict_summary(name: str, stores: Stores | Source) -> list[str]:
     pipeline = load_study(name, source).user_attrs.get("pipeline") or {}
     _, rows = trial_table(name, source)
     out = []
-    for line in _claim(pipeline, rows, source):
+    for line in map(unmarked, _claim(pipeline, rows, source)):
         if line.startswith(("**Claim:**", "**Verdict", "**Holm")):
             out.append(line.replace("**", ""))
     return out
@@ -277,7 +279,7 @@ def _base_timings(rows: list[dict[str, Any]]) -> list[str]:
         median = statistics.median(values)
         lines.append(
             f"The unmodified model, timed beside each of {len(values)} trials ({label}, `{metric}`): median {_cell(median, metric)}, "
-            f"range {_cell(values[0], metric)}–{_cell(values[-1], metric)} (max ÷ min {number(values[-1] / values[0])}); "
+            f"range {_cell(values[0], metric)}–{_cell(values[-1], metric)} (max ÷ min {number(values[-1] / values[0], RATIO)}); "
             "the speedup columns divide each trial's time by the one taken beside it."
         )
     return [*lines, ""] if lines else []
