@@ -21,7 +21,7 @@ from paretolab.results.noise import QUALITY, engine_ppl_gaps, mark_indistinguish
 from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
-from paretolab.study.constraints import REASON
+from paretolab.study.constraints import REASON, reason_text
 from paretolab.study.attrs import QUALITY_NOTE
 
 if TYPE_CHECKING:
@@ -54,11 +54,11 @@ def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
     for row, noise in zip(rows, frontier_noise(rows, [m for m, _ in objectives], stores)):  # neighbours along the feasible frontier only
         if noise is not None:
             row["noise"] = noise
-    rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: t.user_attrs.get(REASON) or "no reason recorded"}
+    rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: reason_text(t.user_attrs.get(REASON) or "no reason recorded")}
                 for t in sorted(left_off, key=lambda t: t.values[0]))
     if "engine" in ((study.user_attrs.get("pipeline") or {}).get("measures") or {}):  # else no engine figures: nothing more to read
         _add_engines(rows, {t.number: t for t in trials}, stores)
-    rows.constraints = [str(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
+    rows.constraints = [reason_text(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
 
 
@@ -214,7 +214,7 @@ def trial_table(name: str, stores: Stores | Source) -> tuple[list[tuple[str, str
         rows.append({"trial": trial.number, "run_id": run.info.run_id if run else "", "method": method_label(run.data.params if run else {}), "params": dict(trial.params),
                      "run_params": dict(run.data.params) if run else {}, **metrics,
                      "simulated_by": run.data.tags.get("paretolab.simulated_by", "") if run else "",
-                     "feasible": is_feasible(trial.user_attrs), REASON: str(trial.user_attrs.get(REASON) or "")})
+                     "feasible": is_feasible(trial.user_attrs), REASON: reason_text(trial.user_attrs.get(REASON) or "")})
     return objectives, _without_common_training(rows)
 
 
