@@ -182,6 +182,30 @@ def _score(subject: Subject, plan: list[StagePlan], scorer: Any, task: dict[str,
 
 def plot(result: Sensitivity, base: Path) -> list[Path]:
     """``base``.png and .svg: Δ metric per group with its interval, in layer order (fixed metadata: reproducible files)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
+    fig.savefig(png, dpi=110, metadata={"Software": None})
+    fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return [png, svg]
+
+
+TITLE_PT = 9  # the title's font size; a character of it is about 0.6 of that wide
+
+
+def title_lines(text: str, width_in: float) -> str:
+    """``text`` wrapped to the lines a figure ``width_in`` inches wide holds (an inch kept for the y-axis' label), so a
+    long model name (a hub id, a local folder) or many parameters are never cut off at the figure's edges."""
+    import textwrap
+
+    chars = max(20, int((width_in - 1.0) * 72 / (0.6 * TITLE_PT)))
+    return textwrap.fill(text, width=chars)
+
+
+def figure(result: Sensitivity) -> Any:
+    """The plot as a matplotlib figure (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,15 +226,12 @@ def plot(result: Sensitivity, base: Path) -> list[Path]:
     setting = ", ".join(f"{k}={v}" for k, v in sorted(result.params.items()))
     ax.set_xlabel("layer" if kinds != [""] or all(g.group.isdigit() for g in result.groups) else "group")
     ax.set_ylabel(f"Δ {result.metric} vs unmodified (95 % interval)")
-    ax.set_title(f"{result.model}: {result.method} ({setting}) on one group at a time", fontsize=9)
+    title = f"{result.model}: {result.method} ({setting}) on one group at a time"
+    ax.set_title(title_lines(title, fig.get_figwidth()), fontsize=TITLE_PT)
     if any(kinds):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
-    fig.savefig(png, dpi=110, metadata={"Software": None})
-    fig.savefig(svg, metadata={"Date": None, "Creator": None})
-    plt.close(fig)
-    return [png, svg]
+    return fig
 
 
 def write(result: Sensitivity, out: str | Path, *, force: bool = False, budget_bytes: float | None = None) -> list[Path]:

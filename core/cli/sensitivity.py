@@ -49,6 +49,27 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
+LAYERWISE = "{layerwise methods}"  # in a help text: the registered layerwise methods, read when the help is printed
+
+
+def layerwise_methods() -> str:
+    """The registered methods that declare ``layerwise = True`` (built-in and installed plugins), comma-separated."""
+    try:
+        from paretolab.plugin_api.manager import registries
+
+        return ", ".join(sorted(m.name for m in registries().methods if getattr(m, "layerwise", False))) or "none registered"
+    except Exception:  # noqa: BLE001 - a broken plugin is reported by the command itself, not by its help
+        return "`paretolab plugins` marks them per-layer"
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Fills in the layerwise methods when the help is printed: building the parser (every `paretolab` call) reads no registry."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        return text.replace(LAYERWISE, layerwise_methods()) if text and LAYERWISE in text else text
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("sensitivity", help="a method's quality cost on each layer (or group) alone: table, plot, greedy budget", description=(
         "Apply METHOD with --params to one layer group at a time (every other module unmodified), score the model on "
@@ -56,7 +77,7 @@ def add_parser(sub: Any) -> None:
         "(paired, with its 95 % bootstrap interval) and the bytes the group saves. Ranked least sensitive per MB saved "
         "first; written to DIR as sensitivity.json, sensitivity.md and sensitivity.png/.svg. With --budget-mb, the "
         "groups in that order until the model fits, as a `layers:` block for a per-layer pipeline stage."
-    ), formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+    ), formatter_class=_Help, epilog=(
         "examples:\n"
         "  paretolab sensitivity --model smollm2-135m --method rtn --params bits=3 group_size=128\n"
         "  paretolab sensitivity --model tiny-llama --method rtn --params bits=2 --by layer-kind --task max_tokens=1024\n"
@@ -64,7 +85,7 @@ def add_parser(sub: Any) -> None:
         "  paretolab sensitivity --model smollm2-135m --method magnitude --params sparsity=0.7 --group '0-9 mlp' --group '20-29 mlp'"))
     p.add_argument("pipeline", nargs="?", help="a pipeline YAML whose model and task to use (flags override)")
     p.add_argument("--model", help="a registered model, a local directory or a hub id (default: the pipeline's)")
-    p.add_argument("--method", required=True, help="a layerwise method (rtn, magnitude; `paretolab plugins` marks them)")
+    p.add_argument("--method", required=True, help=f"a layerwise method: {LAYERWISE} (methods that declare layerwise = True)")
     p.add_argument("--params", nargs="*", metavar="NAME=VALUE", help="the method's setting on each group, e.g. bits=3 group_size=128")
     p.add_argument("--by", choices=("layer", "layer-kind", "kind"), default="layer",
                    help="the groups: each decoder layer (default), each layer's attention and MLP apart, or attention vs MLP")

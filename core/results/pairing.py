@@ -40,17 +40,29 @@ def trial_label(choices: dict[str, str]) -> str:
     return "+".join(picked) or NONE
 
 
-def selects(label: str, trial: dict[str, Any]) -> bool:
-    """The trial has ``label``'s methods and ran them with the values its brackets ask for."""
+def selects(label: str, trial: dict[str, Any], chosen: set[str] | None = None) -> bool:
+    """The trial has ``label``'s methods and ran them with the values its brackets ask for.
+
+    ``chosen``: the methods some trial's choice stages picked (its label). A method of the label outside them is a
+    fixed stage's (``rtn[bits=4]`` where rtn is no choice): the trial must have run it, and its label is the rest."""
     base, wanted = split_label(label)
-    if trial["label"] != base:
-        return False
     methods = base.split("+")
+    picks = methods if chosen is None else [m for m in methods if m in chosen or m == NONE]
+    if trial["label"] != ("+".join(picks) or NONE):
+        return False
+    if any(m not in picks and m not in _ran(trial) for m in methods):
+        return False
     for name, value in wanted.items():
         ran = [v for k, v in trial["params"].items() if short(k) == name and method_of(k) in methods]
         if not ran or not all(_same(v, value) for v in ran):
             return False
     return True
+
+
+def _ran(trial: dict[str, Any]) -> set[str]:
+    """The methods a trial ran: those its parameters belong to and those its stages record (``stage0.method``)."""
+    logged = trial.get("run_params", {})
+    return {method_of(k) for k in trial["params"]} | {str(v) for k, v in logged.items() if k.count(".") == 1 and k.endswith(".method")}
 
 
 def method_of(param: str) -> str:
@@ -80,13 +92,14 @@ def group_pairs(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[Group]
     same_methods = m_base == b_base  # layerdrop[score=greedy_bi] vs layerdrop[score=random]: their other params must match
     selected = {*m_wanted, *b_wanted}
 
+    chosen = {m for t in trials for m in t["label"].split("+")}  # what choice stages picked; a label's other methods are fixed stages'
     sides: dict[str, list[dict[str, Any]]] = {"method": [], "baseline": []}
     for trial in trials:
         if not isinstance(trial.get(claim.metric), (int, float)):
             continue
-        if selects(claim.method, trial):
+        if selects(claim.method, trial, chosen):
             sides["method"].append(trial)
-        elif selects(claim.baseline, trial):
+        elif selects(claim.baseline, trial, chosen):
             sides["baseline"].append(trial)
     full = {side: {k for t in ts for k in t["params"]} for side, ts in sides.items()}
     # the replicate parameters both sides have; when none is shared (puzzle_moe.calib_seed vs expert_drop.calib_seed), each side's own
@@ -174,4 +187,7 @@ def pair_trials(claim: Claim, trials: list[dict[str, Any]]) -> tuple[list[tuple[
 
 
 def _text(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A setting's value as a verdict names it (``lr=0.00005``, not ``5e-05``); 6 digits keep close settings apart."""
+    from paretolab.plugin_api.numbers import number
+
+    return number(value, digits=6) if isinstance(value, float) else str(value)

@@ -150,3 +150,29 @@ def _value(dist: Any, given: Any, where: str) -> Any:
         step = f" in steps of {dist.step}" if getattr(dist, "step", None) else ""
         raise ConfigError(f"{where}: {given!r} is outside its range [{dist.low}, {dist.high}]{step}")
     return value
+
+
+def check_claim_arms(raw: dict[str, Any], claims: tuple[Any, ...], stages: tuple[Stage, ...], regs: Any) -> None:
+    """Each claim compares arms the search produces, and two different ones: ``gptq`` where no stage runs gptq,
+    ``cat[transform=hadamard]`` where transform is fixed to cat, or ``rtn`` against ``rtn[bits=4]`` (the same trials on
+    both sides) would never get a verdict, so they are refused with the pipeline. Two settings of one method
+    (``kquant[type=Q4_K_M]`` against ``kquant[type=Q4_0]``) are two arms when the search gives both values."""
+    places = [f"claims[{i}]" for i in range(len(claims))] if "claims" in raw else ["claim"]
+    for where, claim in zip(places, claims):
+        if claim.target is not None:  # a value claim compares no arms
+            continue
+        arms = {}
+        for key in ("method", "baseline", "reference"):
+            label = getattr(claim, key)
+            if not label:
+                continue
+            try:
+                arms[key] = arm_params(stages, regs, label, f"{where}.{key}")
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (claim {claim.text!r}); name an arm the search runs, or add the value to the "
+                                  "method's params") from None
+        method, baseline = arms["method"], arms["baseline"]
+        if not any(not same(method[k], baseline[k]) for k in method.keys() & baseline.keys()):
+            raise ConfigError(f"{where}.baseline: claim {claim.text!r} compares {claim.method!r} with {claim.baseline!r}, which "
+                              "select the same trials (no parameter tells them apart); name a setting in which they differ, "
+                              "e.g. method[param=a] against method[param=b]")

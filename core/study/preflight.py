@@ -126,9 +126,30 @@ def plan_lines(spec: StudySpec, path: str, stores: Any, trials: int | None = Non
     r = spec.resources
     lines.append(f"resources per trial: cpus {r.cpus:g}, gpus {r.gpus:g}" + (f", memory {r.memory_gb:g} GB" if r.memory_gb else "")
                  + f"; {f'{r.workers} worker(s)' if r.workers else 'as many workers at once as the Ray cluster holds'}")
+    lines += claim_lines(spec)
     lines += _store_lines(spec, path, stores, count)
     lines += _data_lines(spec.raw)
     lines.append("nothing was run: no Ray, no model loaded, no store written")
+    return lines
+
+
+def claim_lines(spec: StudySpec) -> list[str]:
+    """The pipeline's claims as `paretolab report` will judge them: text, metric, method vs baseline, expect and margin."""
+    from paretolab.plugin_api.numbers import number
+
+    if not spec.claims:
+        return []
+    lines = [f"claims (`paretolab report {spec.name}` judges them on the stored trials):"]
+    for claim in spec.claims:
+        if claim.target is not None:
+            lines.append(f"  \"{claim.text}\": {claim.metric} within {number(claim.target)} ± {number(claim.tolerance)}")
+            continue
+        margin = "" if claim.margin is None else \
+            f" (margin {number(claim.margin * 100)} % on the ratio)" if claim.scale == "log" else f" (margin {number(claim.margin)})"
+        ratio = ", judged as the ratio method ÷ baseline" if claim.scale == "log" and claim.margin is None else ""
+        reference = f", reference {claim.reference}" if claim.reference else ""
+        lines.append(f"  \"{claim.text}\": {claim.metric}, {claim.method} vs {claim.baseline}{reference}, expect {claim.expect}"
+                     f"{margin}{ratio}; replicates: {claim.pair_by}")
     return lines
 
 

@@ -114,7 +114,7 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any, *, where: str = "c
     works = None
     if "works" in raw:
         works = lookup(regs.metrics, raw["works"], f"{where}.works").name
-    labels = choice_methods(stages)
+    labels = {o.method for s in stages for o in s.options}  # a choice's method, or a fixed stage's (rtn[bits=4] vs rtn[bits=8])
     params = stage_params(stages, regs)
     if "reference" in raw and (not isinstance(raw["reference"], str) or raw["reference"] in (raw["method"], raw["baseline"])):
         raise ConfigError(f"{where}.reference: expected a label other than the method and the baseline, got {raw['reference']!r}")
@@ -123,8 +123,9 @@ def parse_claim(raw: Any, stages: tuple[Any, ...], regs: Any, *, where: str = "c
         unknown = [m for m in base.split("+") if m not in labels]
         if unknown:
             raise ConfigError(
-                f"{where}.{key}: {raw[key]!r} names {', '.join(map(repr, unknown))}, which no `choice` stage offers; "
-                f"give methods of the choice stages joined by + ({', '.join(sorted(labels)) or 'the pipeline has no choice stage'})"
+                f"{where}.{key}: claim {raw['text'].strip()!r} compares {raw[key]!r}, but no stage of this pipeline runs "
+                f"{', '.join(map(repr, unknown))}; name methods of its stages joined by + ({', '.join(sorted(labels))}), "
+                f"or add {unknown[0]!r} to a choice stage"
             )
         for name in wanted:
             if not any(f"{m}.{name}" in params for m in base.split("+")):
@@ -252,11 +253,6 @@ def split_label(label: str, *, where: str = "claim") -> tuple[str, dict[str, str
             raise ConfigError(f"{where}: {item!r} in {label!r} is not param=value")
         wanted[name.strip()] = value.strip()
     return base.strip(), wanted
-
-
-def choice_methods(stages: tuple[Any, ...]) -> set[str]:
-    """Methods offered by the ``choice`` stages of parsed stages."""
-    return {o.method for s in stages if len(s.options) > 1 for o in s.options}
 
 
 def stage_params(stages: tuple[Any, ...], regs: Any) -> set[str]:

@@ -16,7 +16,7 @@ from paretolab.models import check_model_name
 from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.metrics import TRIAL_METRICS
 from paretolab.plugin_api.options import parse_options
-from paretolab.study.arms import enqueue_params
+from paretolab.study.arms import check_claim_arms, enqueue_params
 from paretolab.study.constraints import Constraint, parse_constraints
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
@@ -175,6 +175,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
     constraints = parse_constraints(raw.get("constraints"), stages, regs)
     _check_objectives_produced(constraints, task, measures, stages, resources, regs, where="constraints")
     claims = parse_claims(raw, stages, regs)
+    check_claim_arms(raw, claims, stages, regs)  # arms the search produces, two different ones
     parse_frontiers(raw.get("frontiers"), regs)  # the report prints them; refuse a typo now
     return StudySpec(
         name=name,
