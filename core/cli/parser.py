@@ -26,7 +26,7 @@ EPILOG = """examples:
   paretolab run pipelines/demo.yaml --resume      continue an interrupted study (Ctrl-C: running trials finish; twice: cancel)
   paretolab studies --prune                       remove interrupted studies that have no complete trial
   paretolab frontier demo                         the Pareto set of study 'demo'
-  paretolab export demo 7 --out demo-7            trial 7's model, loadable by transformers
+  paretolab export demo 6 --out demo-6            trial 6's model, loadable by transformers
   paretolab sensitivity --model smollm2-135m --method rtn --params bits=3   per-layer quality cost, table and plot
   paretolab bundle export demo --out demo.jsonl.gz  the study's whole record in one file; `bundle import` loads it
   paretolab report demo --bundle demo.jsonl.gz    the report from a bundle, no store needed
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "refused with one line."
     ), formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
         "examples:\n  paretolab frontier demo                    pick a trial number\n"
-        "  paretolab export demo 7 --out demo-7\n"
+        "  paretolab export demo 6 --out demo-6\n"
         "  paretolab export fp32_base 0 --out base --save-as my-base   and use `model: my-base` in a pipeline"))
     export.add_argument("study", help="study name (the pipeline's `name`)")
     export.add_argument("trial", type=whole(0), help="trial number (the `trial` column of `paretolab frontier`)")
