@@ -82,8 +82,10 @@ def test_smoke_study_records_every_trial_in_both_stores(tmp_path, ray_head):
     run_cli("report", "smoke", "--trials", "all", "--output", "RESULTS.md", cwd=tmp_path)
     doc = (tmp_path / "RESULTS.md").read_text()
     assert "`paretolab report smoke --trials all --output RESULTS.md`" in doc and "6 complete trial(s), 0 failed" in doc
-    rows = [line for line in doc.splitlines() if line.startswith("| magnitude")]
-    assert len(rows) == 6 and all("simulated (magnitude" in row for row in rows)
+    decision, _, every = doc.partition("<details>")  # the short decision table, then every measurement, collapsed
+    for part in (decision, every):
+        rows = [line for line in part.splitlines() if line.startswith("| magnitude")]
+        assert len(rows) == 6 and all("simulated (magnitude" in row for row in rows)
 
 
 def test_failing_methods_fail_their_trials_and_the_study_completes(tmp_path, ray_head, with_testplugin):
