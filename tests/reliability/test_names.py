@@ -85,9 +85,17 @@ def test_report_of_a_hostile_name_is_one_heading_and_a_table_of_one_row_per_tria
     assert text.startswith("## x\\n\\| forged \\| row\\x1b[31mRED"), text[:200]
     assert "boom\\x1b[5mblink\\x07" in text  # the failures' reason in the summary line
     assert "Model `tiny-llama\\x1b[2J`" in text
-    table = [line for line in text.splitlines() if line.startswith("|")]
-    columns = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
-    assert len(table) > 3 and len(columns) == 1, table  # every row as many columns as the header
+    tables: list[list[str]] = [[]]  # the decision table, then every measurement: each row as many columns as its header
+    for line in text.splitlines():
+        if line.startswith("|"):
+            tables[-1].append(line)
+        elif tables[-1]:
+            tables.append([])
+    tables = [t for t in tables if t]
+    assert tables and all(len(t) > 3 for t in tables), tables
+    for table in tables:
+        columns = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
+        assert len(columns) == 1, table
 
 
 def test_a_rendered_section_escapes_names_reasons_and_cells(hostile_home):
