@@ -11,6 +11,7 @@ and for users, from Python (imported on first use from :mod:`paretolab.api`, so 
     paretolab.apply(model, "wanda", tokenizer=tok, sparsity=0.5)   # a method (or a chain) on any HF causal LM
     paretolab.load_study("demo")                                  # trials, frontier, verdicts as data frames
     paretolab.export("demo", 7, "out/")                           # a trial's model, loadable by transformers
+    paretolab.pick("demo", keep="ppl no_worse 2 % vs none", where="size_bytes <= 0.5 x none")  # the cheapest that keeps quality
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ PUBLIC = {
     "option": "paretolab.plugin_api.options",
 }
 # user-facing entry points: name -> the module in paretolab.api that defines it (a registration, see ARCHITECTURE.md)
-LAZY = {"apply": "paretolab.api.apply", "load_study": "paretolab.api.frames", "export": "paretolab.api.export"}
+LAZY = {"apply": "paretolab.api.apply", "load_study": "paretolab.api.frames", "export": "paretolab.api.export",
+        "pick": "paretolab.api.pick"}
 
 
 def __getattr__(name: str) -> object:
@@ -72,4 +74,5 @@ __all__ = [
     "hookimpl",
     "load_study",
     "option",
+    "pick",
 ]

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from paretolab.dashboard.claims_panel import claims_panel, ring_compared, verdicts
 from paretolab.dashboard.context import Context, file_part, label
+from paretolab.dashboard.pick_panel import decide_panel, mark_decision
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
 from paretolab.dashboard.tables import frontier_table
 from paretolab.dashboard.plots import (
@@ -70,6 +72,9 @@ def frontier_page(ctx: Context) -> None:
     judged, _ = verdicts(ctx.stores, ctx.study)  # the trials each verdict compares, ringed on the kept figure
     fig = table.memo((*key, log_x, log_y, z_as), lambda: ring_compared(
         frontier_figure(data, log_x=log_x, log_y=log_y, z_as=z_as, per_method=per_method), data, judged))
+    decision = decide_panel(ctx)
+    if decision is not None:  # marked on a copy: the kept figure stays as the memo holds it
+        fig = mark_decision(go.Figure(fig), data, decision)
     event = st.plotly_chart(fig, key="frontier_chart", on_select="rerun", selection_mode="points", width="stretch")
     _notes(ctx, data, failed, len(done), (log_x, log_y))
     provenance_caption(frame, [x, y, *([z_metric] if z_metric else [])])

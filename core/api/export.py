@@ -95,10 +95,11 @@ class Exported:
 
 
 def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = None, force: bool = False,
-           save_as: str | None = None, progress: Any = print) -> Exported:
+           save_as: str | None = None, progress: Any = print, card: Any = None) -> Exported:
     """Re-apply trial ``trial`` of ``study`` and write its model to ``out`` (see the module's docstring).
 
     ``save_as``: also keep it as a model source of that name (``paretolab models list``), usable as a base.
+    ``card``: ``Exported -> str``, the directory's README.md (``pick --export`` writes the decision's model card there).
     """
     from paretolab.stores.locations import resolve_stores
 
@@ -109,10 +110,11 @@ def export(study: str, trial: int, out: str | Path, *, stores: Stores | None = N
 
         check_save_name(save_as, where="--save-as")
     with writing(out):
-        return _export(study, trial, out, stores, force, save_as, progress)
+        return _export(study, trial, out, stores, force, save_as, progress, card)
 
 
-def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save_as: str | None, progress: Any) -> Exported:
+def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save_as: str | None, progress: Any,
+            card: Any = None) -> Exported:
     from paretolab.models import check_model, load_subject
     from paretolab.study.spec import parse_spec
 
@@ -135,7 +137,7 @@ def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save
         _compare(exported, record["metrics"], result.metrics, spec.task)
         progress(f"writing {out} ...")
         with quiet():
-            _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history)
+            _write(subject, staging, exported, record, result.metrics, [s.method for s in plan if s.method != "none"], result.history, card)
         if out.exists() or out.is_symlink():  # checked again: --force replaces an earlier export only, even one that changed meanwhile
             check_export_dir(out, force=force, record=RECORD)
         replace_dir(staging, out)  # one rename (or one exchange with the earlier export): never a half directory at --out
@@ -238,7 +240,7 @@ def _compare(exported: Exported, recorded: dict[str, float], now: dict[str, floa
 
 
 def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str, Any], metrics: dict[str, float], methods: list[str],
-           history: Any = None) -> None:
+           history: Any = None, card: Any = None) -> None:
     from paretolab.version import __version__, code_version
 
     named = ", ".join(methods) or "the unmodified model"
@@ -277,6 +279,8 @@ def _write(subject: Subject, staging: Path, exported: Exported, record: dict[str
         "logit_gap": exported.logit_gap, "simulated_by": exported.simulated_by,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if card is not None:
+        write_atomic(staging / "README.md", card(exported))
     follow_umask(staging)  # safetensors and tokenizers write some files private (0600); the user's umask decides
     info["files"] = manifest(staging, skip=RECORD)  # what --force checks before it replaces this directory
     write_atomic(staging / RECORD, json.dumps(info, indent=1, default=str))

@@ -15,6 +15,7 @@ from paretolab.cli.read import cmd_dashboard, cmd_frontier, cmd_report
 from paretolab.cli.results import cmd_bundle, cmd_results
 from paretolab.cli.run import cmd_draft_train, cmd_jobs, cmd_run, cmd_submit
 from paretolab.cli.interaction import add_parser as add_interaction
+from paretolab.cli.pick import add_parser as add_pick
 from paretolab.cli.sensitivity import add_parser as add_sensitivity
 from paretolab.cli.suggest import SuggestingParser
 from paretolab.results import REPORT_METRICS
@@ -27,6 +28,7 @@ EPILOG = """examples:
   paretolab studies --prune                       remove interrupted studies that have no complete trial
   paretolab frontier demo                         the Pareto set of study 'demo'
   paretolab export demo 6 --out demo-6            trial 6's model, loadable by transformers
+  paretolab pick demo --keep "ppl no_worse 2 % vs none" --where "size_bytes <= 0.5 x none"   the cheapest that keeps quality
   paretolab sensitivity --model smollm2-135m --method rtn --params bits=3   per-layer quality cost, table and plot
   paretolab bundle export demo --out demo.jsonl.gz  the study's whole record in one file; `bundle import` loads it
   paretolab report demo --bundle demo.jsonl.gz    the report from a bundle, no store needed
@@ -233,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(report)
     report.set_defaults(func=cmd_report)
     add_interaction(sub, _bundle_flag, _store_flags)
+    add_pick(sub, _bundle_flag, _store_flags)
 
     bundle = sub.add_parser("bundle", help="a study's complete record in one file: export it, import it into other stores", description=(
         "A bundle holds studies whole: the pipeline and its hash, every trial (state, params, metrics with their intervals, "

@@ -45,6 +45,7 @@ from typing import Any
 from paretolab.plugin_api.numbers import BYTE_UNITS, DIGITS, RATIO, UNITLESS, interval_digits, interval_text, metric_value, number, plural, ratio, unit_of
 from paretolab.results.estimate import Estimate, estimate, holm, margin_band, p_value, verdict, worse_side
 from paretolab.results.pairing import Group, group_pairs, pair_trials, trial_label
+from paretolab.results.value_claims import value_claim_lines
 from paretolab.study.report_spec import Claim
 
 EQUAL_FLOPS_TOLERANCE = 0.01  # budgets within 1 % count as equal: no equal-FLOPs reading needed
@@ -52,7 +53,7 @@ Bounds = Callable[[str], "tuple[float, float] | None"]
 Chance = Callable[[str], "tuple[float, str] | None"]  # metric -> (what a uniform guess scores, how it is known: "vocabulary 49152")
 Exact = Callable[[str], bool]  # metric -> whether it is registered exact (a count or size the configuration fixes)
 
-__all__ = ["claim_lines", "claims_lines", "pair_trials", "trial_label", "verdict_rows"]
+__all__ = ["claim_lines", "claims_lines", "judge", "pair_trials", "trial_label", "verdict_rows"]
 
 
 def claims_lines(claims: list[Claim], trials: list[dict[str, Any]], curve: Callable[[str], Any],
@@ -132,6 +133,13 @@ def _judged(claim: Claim, groups: list[Group], fetch: Callable[[str], Any] | Non
         yield group, est, said, None if said.startswith("no verdict") else p_value(est, claim.expect, claim.better, _band(claim))
 
 
+def judge(claim: Claim, group: Group, fetch: Callable[[str], Any] | None = None, bounds: Bounds | None = None,
+          chance: Chance | None = None, exact: Exact | None = None) -> tuple[Estimate, str] | None:
+    """One group's estimate and verdict as the report reaches them (``paretolab pick`` judges each candidate here)."""
+    found = next(_judged(claim, [group], fetch, bounds, chance, exact), None)
+    return None if found is None else (found[1], found[2])
+
+
 def _side_values(group: Group, side: int, metric: str) -> list[float]:
     """The finite values of ``metric`` on one side (0: method, 1: baseline) of a group, each trial once, sorted."""
     seen = {int(pair[side]["trial"]): pair[side].get(metric) for pair in group.pairs}
@@ -148,9 +156,8 @@ def _percent(fraction: float) -> str:
 
 
 def budget_verdict(claim: Claim, group: Group) -> str | None:
-    """"no verdict: budgets differ" when the claim names a budget (``budget: tokens``: "at equal tokens") that some pair of
-    trials did not get within ``budget_tolerance`` of each other (relative to the larger), e.g. a time cap that bound one
-    arm under load; no verdict too, naming the trials, where a trial recorded no budget to check. None where the budgets match."""
+    """"no verdict: budgets differ" when the claim names a budget (``budget: tokens``) that some pair of trials did not get
+    within ``budget_tolerance`` (relative to the larger), or a trial recorded none to check; None where the budgets match."""
     name = claim.budget_metric
     if name is None:
         return None
@@ -368,31 +375,3 @@ def gap_line(claim: Claim, group: Group, trials: list[dict[str, Any]]) -> str:
         ci = f" [{est.low:.1%}, {est.high:.1%}] (95 % t interval over replicates)"
     listed = ", ".join(f"{m['trial']} vs {b['trial']} vs {r['trial']}" for m, b, r in triples)  # method vs baseline vs reference
     return f"{name}: (baseline − method) / (baseline − reference) = {est.mean:.1%}{ci}, mean over n = {est.replicates} triple(s) (trials {listed})."
-
-
-def value_claim_lines(claim: Claim, trials: list[dict[str, Any]]) -> list[str]:
-    """A value claim: each trial's value (and its stored 95 % interval) against target ± tolerance."""
-    assert claim.target is not None and claim.tolerance is not None
-    low, high = claim.target - claim.tolerance, claim.target + claim.tolerance
-    rows = [t for t in trials if isinstance(t.get(claim.metric), (int, float)) and math.isfinite(float(t[claim.metric]))]
-    lines = [f"**Claim:** {claim.text}", "", f"`{claim.metric}` expected within {number(claim.target)} ± {number(claim.tolerance)}.", ""]
-    if not rows:
-        return [*lines, f"**Verdict: no verdict: no trial reported {claim.metric}**.", ""]
-    spans = [_stored_interval(t, claim.metric) for t in rows]
-    if any(s is None for s in spans):
-        where = ", ".join(f"{metric_value(claim.metric, float(t[claim.metric]))} (trial {t['trial']})" for t in rows)
-        side = "inside" if all(low <= float(t[claim.metric]) <= high for t in rows) else "outside" \
-            if not any(low <= float(t[claim.metric]) <= high for t in rows) else "partly inside"
-        return [*lines, f"**Verdict: no verdict: point estimates, no interval** — {claim.metric} = {where}; {side} the band.", ""]
-    judged = ["held" if low <= s[0] and s[1] <= high else "did not hold" if s[1] < low or s[0] > high else "inconclusive"
-              for s in spans if s is not None]
-    said = judged[0] if len(set(judged)) == 1 else "mixed"
-    listed = ", ".join(f"{interval_text(float(t[claim.metric]), s[0], s[1], unit_of(claim.metric))} (trial {t['trial']})" for t, s in zip(rows, spans) if s)
-    return [*lines, f"**Verdict: {said}** — {claim.metric} = {listed}; 95 % intervals as the trials stored them.", ""]
-
-
-def _stored_interval(trial: dict[str, Any], metric: str) -> tuple[float, float] | None:
-    low, high = trial.get(f"{metric}_ci_low"), trial.get(f"{metric}_ci_high")
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and math.isfinite(low) and math.isfinite(high):
-        return float(low), float(high)
-    return None

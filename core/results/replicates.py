@@ -73,18 +73,23 @@ def baseline_finder(rows: list[dict[str, Any]], replicates: tuple[str, ...]) -> 
     return find
 
 
+def configuration_groups(rows: list[dict[str, Any]], replicates: tuple[str, ...]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """The rows by configuration, in first-seen order: the key is (label, every parameter but the replicates, as
+    ``(name, repr(value))`` sorted); the value the rows of its replicates. The one grouping of frontiers and ``pick``."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        config = tuple(sorted((k, repr(v)) for k, v in named_params(row).items() if not is_replicate(k, replicates)))
+        groups.setdefault((row.get("label"), config), []).append(row)
+    return groups
+
+
 def per_configuration(rows: list[dict[str, Any]], metrics: tuple[str, ...], replicates: tuple[str, ...]) -> list[dict[str, Any]]:
     """One row per configuration (every parameter but the replicates): each metric's mean over its replicates.
 
     Each row keeps ``label``, ``trials`` (the trial numbers it averages), ``n`` and, per metric, ``{m}_spread``
     (the range over replicates, min to max). Rows without every metric are left out.
     """
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        if not all(isinstance(row.get(m), (int, float)) for m in metrics):
-            continue
-        config = tuple(sorted((k, repr(v)) for k, v in named_params(row).items() if not is_replicate(k, replicates)))
-        groups.setdefault((row.get("label"), config), []).append(row)
+    groups = configuration_groups([r for r in rows if all(isinstance(r.get(m), (int, float)) for m in metrics)], replicates)
     out = []
     for (label, _), members in groups.items():
         merged: dict[str, Any] = {"label": label, "trials": sorted(int(r["trial"]) for r in members), "n": len(members)}

@@ -194,3 +194,30 @@ def test_a_training_trial_exports_with_its_curve_and_becomes_a_base_by_name(tmp_
     assert json.loads(saved.read_text())["saved_at"] == stamp, "export overwrote the study's own checkpoint"
     listed = run_cli("models", "list", cwd=tmp_path, env=cache).stdout  # a new process: the saved model is found by name
     assert "my-exported" in listed
+
+
+def test_pick_export_writes_the_choice_with_a_model_card_of_its_evidence(study):
+    """The card's plumbing, on a decision made by hand: the tiny model is at chance, so no rule of a real study holds on it."""
+    from paretolab.api.pick import export_choice
+    from paretolab.results.decision_rule import parse_budget, parse_rule
+    from paretolab.results.pick import Candidate, Decision
+    from paretolab.stores.locations import resolve_stores
+
+    folder, trials = study
+    chosen = first(trials, "rtn")
+    row = {"trial": chosen.number, "ppl": 250.0, "size_bytes": 9e4, "run_params": {}, "params": {}}
+    known = {"ppl": "lower", "size_bytes": "lower"}
+    choice = Candidate("rtn", {"stage0.rtn.bits": 4, "stage0.rtn.group_size": 32}, [row], cost=9e4, cost_span=(9e4, 9e4),
+                       quality=250.0, in_budget=True, verdict="held", difference=1.012, low=1.004, high=1.019, replicates=1)
+    decision = Decision("ex", parse_rule("ppl no_worse 2 % vs none", known), [parse_budget("size_bytes <= 0.5 x none", known)],
+                        "size_bytes", references={"none": 2e5}, choice=choice, candidates=[choice])
+    stores = resolve_stores(home=str(folder / ".paretolab"), create=False)
+    done = export_choice(decision, folder / "picked", stores=stores, command="paretolab pick ex --keep ...", progress=lambda _: None)
+    card = (folder / "picked" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and "# ex: `rtn`" in card
+    assert "- `stage0.rtn.bits` = 4" in card and "- `stage0.rtn.group_size` = 32" in card
+    assert "×1.012 [×1.004, ×1.019] (95 % interval) over 1 pair(s): held" in card
+    assert f"trial {chosen.number}" in card and "size_bytes <= 0.5 x none = 100 kB" in card
+    assert "vllm serve" in card and "llama_cpp.server" in card and "paretolab pick ex --keep ..." in card
+    info = json.loads((folder / "picked" / "paretolab.json").read_text())
+    assert "README.md" in info["files"] and done.within is True  # --force may replace it later: the card is in the manifest

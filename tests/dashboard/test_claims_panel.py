@@ -195,3 +195,26 @@ def test_the_studies_page_and_the_frontier_judge_each_study_once(claims_env, jud
     at = open_app(page="Frontier", study=MIXED)
     at.run()  # a repaint
     assert sorted(judged_calls) == [MIXED, WANDA] and verdict_lines(at, ":green-badge[held]")
+
+
+def test_the_decide_panel_shows_pick_s_choice_and_marks_it_on_the_frontier(claims_env):
+    """The Frontier's Decide panel: the rule and budget typed in, the decision `paretolab pick` prints, the choice starred."""
+    from paretolab.results.decision_record import decide_study, decision_lines
+
+    at = open_app(page="Frontier", study=WANDA)
+    assert at.text_input(key="pick_keep").value == "ppl no_worse 2 % vs none"  # the first objective within 2 % of none
+    at.text_input(key="pick_keep").set_value("ppl no_worse 25 % vs none")
+    at.text_input(key="pick_where").set_value("size_bytes <= 0.8 x none")
+    at.toggle(key="pick_on").set_value(True)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = "\n".join(str(m.value) for m in at.markdown)
+    decision = decide_study(WANDA, resolve_stores(home=str(claims_env)), keep="ppl no_worse 25 % vs none",
+                            budgets=["size_bytes <= 0.8 x none"])
+    assert decision.choice is not None and decision.choice.name() == "wanda[sparsity=0.3]"
+    assert "\n".join(decision_lines(decision)[2:]) in shown  # the CLI's own lines
+    marks = {t["name"]: t for t in figure(at)["data"] if t["name"].startswith("pick: ")}
+    assert sorted(marks["pick: choice"]["customdata"]) == [0, 3, 6] and marks["pick: choice"]["marker"]["symbol"] == "star-diamond"
+    at.text_input(key="pick_keep").set_value("perplexity no_worse 2 % vs none")
+    at.run()
+    assert any("no trial recorded 'perplexity'" in str(e.value) for e in at.error)  # refused in its one line, no traceback

@@ -1,0 +1,118 @@
+"""A decision read from a study (stores or bundle) and written down: the lines ``paretolab pick`` prints (Markdown, also
+the record's page) and the record as JSON. One reading (:func:`decide_study`) serves the CLI, ``paretolab.pick`` and
+the dashboard; every number is :mod:`paretolab.plugin_api.numbers`' and every verdict the claims' own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paretolab.data.names import markdown_text
+from paretolab.plugin_api.numbers import RATIO, interval_text, metric_value, number, unit_of
+from paretolab.results.pick import Candidate, Decision, decide
+from paretolab.results.source import Source, source_of
+from paretolab.results.verdict_words import verdict_mark
+from paretolab.stores.locations import Stores
+
+RECORD_VERSION = 1
+
+
+def decide_study(name: str, where: Stores | Source, *, keep: str, budgets: list[str] | tuple[str, ...] = (),
+                 cost: str | None = None) -> Decision:
+    """The decision on study ``name``'s complete trials, judged as its report judges claims."""
+    from paretolab.plugin_api.manager import registries
+    from paretolab.results.metric_facts import chance_levels, metric_bounds, metric_exact
+    from paretolab.results.read import load_study, trial_table
+    from paretolab.results.section import claim_trials
+
+    source = source_of(where)
+    pipeline = load_study(name, source).user_attrs.get("pipeline") or {}
+    _, rows = trial_table(name, source)
+    directions = {m.name: "higher" if m.direction == "maximize" else "lower" for m in registries().metrics}
+    return decide(name, claim_trials(pipeline, rows), pipeline, directions, keep=keep, where=budgets, cost=cost,
+                  fetch=source.per_example(), bounds=metric_bounds, chance=chance_levels(pipeline, source), exact=metric_exact)
+
+
+def decision_lines(d: Decision) -> list[str]:
+    """The decision in Markdown: the rule, the choice with its evidence, rivals, unconfirmed cheaper ones, every candidate."""
+    budget = "; ".join(b.words(d.references.get(str(b.ratio_to))) for b in d.budgets) or "no budget"
+    best = "lowest" if d.lower_cost else "highest"
+    lines = [f"# Decision: {markdown_text(d.study)}", "",
+             f"- **Rule:** keep `{d.rule.words()}`", f"- **Budget:** {budget}", f"- **Cost:** the {best} mean `{d.cost}` wins",
+             f"- **Candidates:** {len(d.candidates)} configurations, each judged by all its replicates (mean cost, "
+             f"paired interval against `{d.rule.baseline}`)", ""]
+    if d.choice is not None:
+        c = d.choice
+        lines += [f"**Choice: `{c.name()}`** — trials {_numbers(c)}; {d.cost} {_cost(d, c)}; {_evidence(d, c)}.", "",
+                  f"Its settings: {_settings(c)}.", ""]
+        if d.rivals:
+            lines += ["Rivals (they keep the rule too, at a cost within noise of the choice's):", ""]
+            lines += [f"- `{r.name()}` — {d.cost} {_cost(d, r)}; {_evidence(d, r)}" for r in d.rivals] + [""]
+        if d.unconfirmed:
+            lines += ["Cheaper, but unconfirmed (the interval cannot tell them from a breach of the rule):", ""]
+            lines += [f"- `{u.name()}` — {d.cost} {_cost(d, u)}; {_evidence(d, u)}" for u in d.unconfirmed] + [""]
+    else:
+        lines += [f"**No choice:** {d.why}.", ""]
+        if d.nearest is not None:
+            n = d.nearest
+            lines += [f"Nearest miss: `{n.name()}` — trials {_numbers(n)}; {d.cost} {_cost(d, n)}"
+                      f"{'; over the budget: ' + n.over if n.over else ''}; {_evidence(d, n)}.", ""]
+    lines += ["| | configuration | trials | " + d.cost + " (mean) | " + d.rule.metric + " (mean) | against " + d.rule.baseline
+              + " | verdict | budget |", "|---|---|---|---|---|---|---|---|"]
+    for c in d.candidates:
+        lines.append(f"| {verdict_mark(c.verdict)} | `{c.name()}` | {_numbers(c)} | {metric_value(d.cost, c.cost)} | "
+                     f"{metric_value(d.rule.metric, c.quality)} | {candidate_effect(d, c)} | {markdown_text(c.verdict)} | "
+                     f"{'within' if c.in_budget else markdown_text(c.over)} |")
+    return lines + [""]
+
+
+def decision_record(d: Decision) -> dict[str, Any]:
+    """The decision as JSON data (the record ``pick --out`` writes beside its Markdown page)."""
+    return {"version": RECORD_VERSION, "study": d.study, "rule": d.rule.words(), "rule_text": d.rule.text,
+            "budgets": [b.words(d.references.get(str(b.ratio_to))) for b in d.budgets], "cost": d.cost,
+            "choice": _candidate(d.choice), "rivals": [_candidate(c) for c in d.rivals],
+            "unconfirmed": [_candidate(c) for c in d.unconfirmed], "nearest_miss": _candidate(d.nearest), "why": d.why,
+            "candidates": [_candidate(c) for c in d.candidates]}
+
+
+def _candidate(c: Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"configuration": c.name(), "label": c.label, "settings": {k: c.settings[k] for k in sorted(c.settings)},
+            "trials": c.numbers, "cost": c.cost, "cost_span": list(c.cost_span), "quality": c.quality,
+            "difference": c.difference, "low": c.low, "high": c.high, "replicates": c.replicates, "verdict": c.verdict,
+            "in_budget": c.in_budget, "over_budget": c.over}
+
+
+def _settings(c: Candidate) -> str:
+    from paretolab.plugin_api.numbers import param_value
+
+    return ", ".join(f"`{k}={param_value(v)}`" for k, v in sorted(c.settings.items())) or "none (the unmodified model)"
+
+
+def _numbers(c: Candidate) -> str:
+    return ", ".join(map(str, c.numbers))
+
+
+def _cost(d: Decision, c: Candidate) -> str:
+    low, high = c.cost_span
+    if low != high:
+        return f"{metric_value(d.cost, c.cost)} (span {metric_value(d.cost, low)}–{metric_value(d.cost, high)})"
+    return metric_value(d.cost, c.cost)
+
+
+def candidate_effect(d: Decision, c: Candidate) -> str:
+    """The candidate against the baseline: ``×1.012 [×0.998, ×1.027]`` (a relative rule) or a signed difference."""
+    if c.difference is None:
+        return "—"
+    log = d.rule.scale == "log"
+    unit = RATIO if log else unit_of(d.rule.metric)
+    if c.low is None or c.high is None or c.low == c.high:
+        return number(c.difference, unit, signed=not log)
+    return interval_text(c.difference, c.low, c.high, unit, signed=not log)
+
+
+def _evidence(d: Decision, c: Candidate) -> str:
+    log = d.rule.scale == "log"
+    what = f"{d.rule.metric} {'÷' if log else '−'} {d.rule.baseline} = {candidate_effect(d, c)}"
+    reps = f" over {c.replicates} pair(s)" if c.replicates else ""
+    return f"{what}{reps}: {c.verdict}"
