@@ -58,6 +58,7 @@ class TrialSettings:
     timeout_s: float = 0.0  # search.trial_timeout_s (0: none): a training stage stops in time for the trial to finish
     models: dict[str, str] = field(default_factory=dict)  # the pipeline's `models:`, role -> model name (loaded once per worker)
     prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (simulated cost)
+    split: dict[str, Any] | None = None  # the pipeline's confirm split and the part scored: {share, seed, part} (None: all examples)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def _export(study: str, trial: int, out: Path, stores: Stores, force: bool, save
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)  # a killed export's
     try:
-        subject, result, plan = _rerun(spec, frozen, base, hold=staging / ARTIFACT_DIR)
+        subject, result, plan = rerun(spec, frozen, base, hold=staging / ARTIFACT_DIR)
         exported = Exported(out=out, study=study, trial=trial, simulated_by=list(subject.simulated_by))
         exported.artifact = artifacts.artifact_info(subject)
         _compare(exported, record["metrics"], result.metrics, spec.task)
@@ -193,9 +193,10 @@ def _mlflow_metrics(stores: Stores, run_id: str) -> dict[str, float]:
         return {}
 
 
-def _rerun(spec: Any, frozen: Any, base: Subject, hold: Path | None = None) -> tuple[Subject, Any, list[Any]]:
+def rerun(spec: Any, frozen: Any, base: Subject, hold: Path | None = None, part: str = "search") -> tuple[Subject, Any, list[Any]]:
     """Run the trial as its worker did (same plan, seed, task) and keep the transformed subject; ``hold``: where the
-    method's own artefact (a GGUF, a compressed-tensors checkpoint) is copied before the trial's folder goes."""
+    method's own artefact (a GGUF, a compressed-tensors checkpoint) is copied before the trial's folder goes; ``part``:
+    under a pipeline's ``confirm:`` split, the part its task scores (the search's own, or ``confirm`` for ``pick``)."""
     import optuna
 
     from paretolab.measure.timing import torch_threads
@@ -208,7 +209,8 @@ def _rerun(spec: Any, frozen: Any, base: Subject, hold: Path | None = None) -> t
     # a train stage's save_as would overwrite the checkpoint the study saved: the export saves where it is told instead
     plan = [replace(s, params={**s.params, "save_as": ""}) if s.params.get("save_as") else s for s in plan]
     settings = TrialSettings(spec.name, spec.task, spec.task_options, {"size": {}, "params": {}}, spec.search.seed,
-                             cpus=spec.resources.cpus, timeout_s=0.0, models=dict(spec.models), prices=dict(spec.prices))
+                             cpus=spec.resources.cpus, timeout_s=0.0, models=dict(spec.models), prices=dict(spec.prices),
+                             split={**spec.confirm, "part": part} if spec.confirm else None)
     kept: list[Subject] = []
 
     def keep(subject: Subject) -> None:

@@ -24,17 +24,31 @@ SERVE = {"gguf": "python -m llama_cpp.server --model {artifact} --host 127.0.0.1
 
 
 def pick(study: str, *, keep: str, where: str | list[str] | tuple[str, ...] = (), cost: str | None = None,
-         bundle: str | Path | list[str | Path] | None = None, stores: Stores | None = None) -> Decision:
+         bundle: str | Path | list[str | Path] | None = None, stores: Stores | None = None, confirm: bool | None = None,
+         progress: Any = print) -> Decision:
     """Judge every configuration of ``study`` by ``keep`` (``"ppl no_worse 2 % vs none"``) under the budgets
-    ``where`` (``"size_bytes <= 80 MB"``) and return the decision; read from ``bundle`` file(s), else the stores."""
+    ``where`` (``"size_bytes <= 80 MB"``) and return the decision; read from ``bundle`` file(s), else the stores.
+
+    ``confirm``: re-measure the choice (and rivals, and the baseline) on the pipeline's confirm part
+    (:mod:`paretolab.api.confirm`); default: when the study has a ``confirm:`` split and is read from stores."""
     budgets = [where] if isinstance(where, str) else list(where)
     if bundle is not None:
+        if confirm:
+            raise ConfigError("pick: confirming re-applies trials, which needs the study's stores, not a bundle: "
+                              "import it first (paretolab bundle import FILE)")
         source: Any = BundleSource([bundle] if isinstance(bundle, (str, Path)) else bundle)
     else:
         from paretolab.stores.locations import resolve_stores
 
-        source = stores or resolve_stores(create=False)
-    return decide_study(study, source, keep=keep, budgets=budgets, cost=cost)
+        source = stores = stores or resolve_stores(create=False)
+    decision = decide_study(study, source, keep=keep, budgets=budgets, cost=cost)
+    if confirm is None:
+        confirm = bundle is None and decision.split is not None and decision.choice is not None
+    if confirm:
+        from paretolab.api.confirm import confirm as confirm_on
+
+        confirm_on(decision, stores=stores, progress=progress)
+    return decision
 
 
 def write_record(decision: Decision, out: str | Path) -> list[Path]:
@@ -94,11 +108,22 @@ def model_card(decision: Decision, trial: dict[str, Any], exported: Any, command
               f"{len(values)} replicate(s)); against `{decision.rule.baseline}`: "
               + candidate_effect(decision, c) + (" (95 % interval)" if c.low is not None and c.high is not None else "")
               + f" over {c.replicates} pair(s): {c.verdict}",
-              f"- `{decision.cost}`: {metric_value(decision.cost, c.cost)} (mean)", ""]
+              f"- `{decision.cost}`: {metric_value(decision.cost, c.cost)} (mean)", *_confirmed(decision), ""]
     lines += ["## Size", "", *[f"- {k}: {number(v, 'bytes')}" for k, v in exported.sizes.items()], ""]
     lines += ["## Serve", "", *_serve(exported), ""]
     lines += [f"Base model: {model}. The full record: `paretolab.json` in this directory.", ""]
     return "\n".join(lines)
+
+
+def _confirmed(decision: Decision) -> list[str]:
+    """The card's line for the confirm part: its evidence, or that the choice was not confirmed on held-out examples."""
+    c, conf = decision.choice, decision.confirmation
+    again = conf.candidates.get(c.name()) if conf is not None and c is not None else None
+    if again is None:
+        return ["- not confirmed on examples the search never scored (the interval above is the one that selected it)"]
+    held = "held: confirmed" if conf.survived(c) else f"{again.verdict}: NOT confirmed"
+    return [f"- on the confirm part ({conf.examples}, never scored by the search): `{decision.rule.metric}` "
+            f"{candidate_effect(decision, again)} against `{decision.rule.baseline}`: {held}"]
 
 
 def _serve(exported: Any) -> list[str]:

@@ -20,6 +20,11 @@ def cmd_pick(args: argparse.Namespace) -> int:
         raise ConfigError("pick --export re-applies the chosen trial, which needs the stores: import the bundle first "
                           "(paretolab bundle import FILE), then run pick --export without --bundle")
     decision = decide_study(args.study, source_from_flags(args), keep=args.keep, budgets=args.where or [], cost=args.cost)
+    if decision.choice is not None and decision.split is not None and not args.no_confirm and not args.bundle:
+        from paretolab.api.confirm import confirm
+        from paretolab.cli.common import stores_from_flags
+
+        confirm(decision, stores=stores_from_flags(args), progress=lambda m: print(m, file=sys.stderr))
     if args.json:
         print(json.dumps(decision_record(decision), indent=1, default=str))
     else:
@@ -35,7 +40,9 @@ def cmd_pick(args: argparse.Namespace) -> int:
         for line in done.lines():
             print(line, file=sys.stderr if args.json else sys.stdout)
         print(f"  README.md: the model card (the decision, its evidence, how to serve it)", file=sys.stderr if args.json else sys.stdout)
-    return 0 if decision.choice is not None else 3
+    if decision.choice is None:
+        return 3
+    return 4 if decision.confirmation is not None and not decision.confirmation.survived(decision.choice) else 0
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -51,7 +58,10 @@ def add_parser(sub: Any, bundle_flag: Callable[[Any], None], store_flags: Callab
         "of it, never configurations of their own) by a quality rule in the claims' words, paired with the rule's baseline "
         "on each replicate as `paretolab report` judges a claim, and choose the one that meets every budget (on its mean) "
         "with the best cost. Prints the choice with its interval, the rivals within noise of its cost, the cheaper ones "
-        "the data cannot confirm, or, when nothing qualifies, the nearest miss and why (exit status 3)."),
+        "the data cannot confirm, or, when nothing qualifies, the nearest miss and why (exit status 3). A study whose "
+        "pipeline keeps a confirm part (`confirm: {share: 0.5, seed: 0}`) has its choice, rivals and baseline re-applied "
+        "and scored there, on examples the search never saw, and the rule judged again (exit status 4 when the choice "
+        "does not survive)."),
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
         "rules (--keep): METRIC EXPECT [MARGIN] vs LABEL, EXPECT one of lower, higher, no_worse, equivalent:\n"
         "  'ppl no_worse 2 % vs none'        at most 2 % worse than the unmodified model (judged as a ratio)\n"
@@ -73,6 +83,8 @@ def add_parser(sub: Any, bundle_flag: Callable[[Any], None], store_flags: Callab
     p.add_argument("--export", metavar="DIR", help="export the choice (its median replicate) as `paretolab export` does, "
                    "with a model card as DIR/README.md")
     p.add_argument("--force", action="store_true", help="with --export: replace an earlier export at DIR")
+    p.add_argument("--no-confirm", action="store_true", help="skip re-measuring the choice on the pipeline's confirm part "
+                   "(done by default when the study has a `confirm:` split and is read from its stores)")
     bundle_flag(p)
     store_flags(p)
     p.set_defaults(func=cmd_pick)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from paretolab.plugin_api.costs import CostLedger
+from paretolab.plugin_api.examples import ExampleSplit
 
 
 @dataclass
@@ -46,6 +47,8 @@ class TrialContext:
     pruned_at: int | None = None  # the step ``report`` was told to stop at
     # each calibration draw the trial made ("pydoc seed 17, 16x256"): a verdict resting on one draw says so (see results.claims)
     calibration_draws: list[str] = field(default_factory=list)
+    split: ExampleSplit | None = None  # the pipeline's confirm split and this run's part (None: every example is scored)
+    examples_used: str = ""  # what ``examples`` handed out ("search part: 6 of 12 windows ..."): the trial's info records it
 
     def report(self, step: int, values: dict[str, float]) -> bool:
         """Hand intermediate values (e.g. ``{"val_loss": 3.2}`` at optimizer step ``step``) to the study's pruner.
@@ -61,6 +64,14 @@ class TrialContext:
             self.pruned_at = int(step)
             return True
         return False
+
+    def examples(self, n: int, unit: str = "example") -> list[int]:
+        """The indices of the ``n`` examples (windows, questions) this run scores: all of them, or under a pipeline's
+        ``confirm:`` split only its part's (the search scores the search part; ``paretolab pick`` the confirm part)."""
+        if self.split is None:
+            return list(range(n))
+        self.examples_used = self.split.describe(n, unit)
+        return self.split.indices(n, unit)
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""

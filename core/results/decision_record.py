@@ -56,6 +56,7 @@ def decision_lines(d: Decision) -> list[str]:
             n = d.nearest
             lines += [f"Nearest miss: `{n.name()}` — trials {_numbers(n)}; {d.cost} {_cost(d, n)}"
                       f"{'; over the budget: ' + n.over if n.over else ''}; {_evidence(d, n)}.", ""]
+    lines += confirmation_lines(d)
     lines += ["| | configuration | trials | " + d.cost + " (mean) | " + d.rule.metric + " (mean) | against " + d.rule.baseline
               + " | verdict | budget |", "|---|---|---|---|---|---|---|---|"]
     for c in d.candidates:
@@ -65,12 +66,68 @@ def decision_lines(d: Decision) -> list[str]:
     return lines + [""]
 
 
+POWER = (1.96 + 0.84) / 1.96  # a 95 % interval's half-width -> the difference detected with 80 % power (two-sided 5 %)
+
+
+def confirmation_lines(d: Decision) -> list[str]:
+    """The choice (and rivals) judged again on the confirm part; what the search part said; the smallest difference the
+    confirm part could detect. A study with a split but no confirmation yet says how to get one."""
+    if d.choice is None:
+        return []
+    if d.confirmation is None:
+        if d.split:
+            return ["**Not confirmed yet:** the study keeps a confirm part the search never scored; `paretolab pick` with "
+                    "the study's stores (not a bundle) re-measures the choice there.", ""]
+        return ["**Not confirmed:** the search scored every example (no `confirm:` split in the pipeline), so the choice's "
+                "interval is the one that selected it; add `confirm: {share: 0.5, seed: 0}` to confirm on held-out examples.", ""]
+    c, conf = d.choice, d.confirmation
+    again = conf.candidates.get(c.name())
+    if again is None:
+        return []
+    held = conf.survived(c)
+    lines = [f"**On the confirm part** ({conf.examples}; examples the search never scored): "
+             f"{_evidence(d, again)} — " + ("the choice survived." if held else "the choice did **not** survive: the search's "
+                                           "evidence for it does not hold on new examples."), ""]
+    lines.append(f"- search part: {candidate_effect(d, c)}; confirm part: {candidate_effect(d, again)} "
+                 f"(the shrinkage from the examples that chose it: {_moved(d, c, again)})")
+    detect = detectable(d, again)
+    if detect:
+        lines.append(f"- the smallest difference the confirm part could detect (80 % power, two-sided 5 %): {detect}")
+    for r in d.rivals:
+        other = conf.candidates.get(r.name())
+        if other is not None:
+            lines.append(f"- rival `{r.name()}` on the confirm part: {_evidence(d, other)}")
+    return [*lines, ""]
+
+
+def detectable(d: Decision, c: Candidate) -> str:
+    """The smallest effect ``c``'s confirm-part interval could tell from none: its half-width scaled to 80 % power."""
+    import math
+
+    if c.low is None or c.high is None or c.low == c.high:
+        return ""
+    if d.rule.scale == "log" and c.low > 0:
+        return number(math.exp(POWER * (math.log(c.high) - math.log(c.low)) / 2), RATIO) + f" on {d.rule.metric} ÷ {d.rule.baseline}"
+    return number(POWER * (c.high - c.low) / 2, unit_of(d.rule.metric)) + f" on {d.rule.metric} − {d.rule.baseline}"
+
+
+def _moved(d: Decision, search: Candidate, confirm: Candidate) -> str:
+    if search.difference is None or confirm.difference is None:
+        return "not measurable"
+    if d.rule.scale == "log":
+        return f"{number(confirm.difference / search.difference, RATIO)} on the ratio"
+    return f"{number(confirm.difference - search.difference, unit_of(d.rule.metric), signed=True)} on the difference"
+
+
 def decision_record(d: Decision) -> dict[str, Any]:
     """The decision as JSON data (the record ``pick --out`` writes beside its Markdown page)."""
     return {"version": RECORD_VERSION, "study": d.study, "rule": d.rule.words(), "rule_text": d.rule.text,
             "budgets": [b.words(d.references.get(str(b.ratio_to))) for b in d.budgets], "cost": d.cost,
             "choice": _candidate(d.choice), "rivals": [_candidate(c) for c in d.rivals],
             "unconfirmed": [_candidate(c) for c in d.unconfirmed], "nearest_miss": _candidate(d.nearest), "why": d.why,
+            "split": d.split, "confirmation": None if d.confirmation is None else {
+                "examples": d.confirmation.examples, "survived": d.confirmation.survived(d.choice) if d.choice else None,
+                "candidates": {k: _candidate(v) for k, v in d.confirmation.candidates.items()}},
             "candidates": [_candidate(c) for c in d.candidates]}
 
 

@@ -67,6 +67,20 @@ class Candidate:
 
 
 @dataclass
+class Confirmation:
+    """The rule judged again on the confirm part: ``examples`` says how many the part holds ("confirm part: 6 of 12
+    windows ..."); ``candidates`` the choice and its rivals, by name, each with its confirm-part quality and verdict."""
+
+    examples: str = ""
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+
+    def survived(self, choice: Candidate) -> bool:
+        """The choice keeps the rule on the confirm part too."""
+        again = self.candidates.get(choice.name())
+        return again is not None and again.category == "held"
+
+
+@dataclass
 class Decision:
     """What ``pick`` found: the rule and budgets, the choice (or None), its rivals, the unconfirmed cheaper ones, the
     nearest miss with why, and every candidate judged."""
@@ -78,6 +92,11 @@ class Decision:
     rule_better: str = "lower"  # the rule metric's better direction
     lower_cost: bool = True  # the cost's better direction is lower (size, time); else higher (tokens/s)
     model: str = ""  # the study's base model
+    claim: Claim | None = None  # the rule as the claim every candidate is judged by
+    replicates: tuple[str, ...] = ()
+    baseline_config: Candidate | None = None
+    confirmation: Confirmation | None = None  # the rule judged on the confirm part (``paretolab.api.confirm``)
+    split: dict[str, Any] | None = None  # the pipeline's confirm split (None: the search scored every example)
     references: dict[str, float] = field(default_factory=dict)  # a ratio budget's arm -> its mean
     choice: Candidate | None = None
     rivals: list[Candidate] = field(default_factory=list)
@@ -111,20 +130,22 @@ def decide(study: str, trials: list[dict[str, Any]], pipeline: dict[str, Any], d
     if len(base_configs) > 1:
         raise ConfigError(f"--keep: the baseline {rule.baseline!r} spans {len(base_configs)} configurations "
                           f"({', '.join(c.name() for c in base_configs)}); name one of them")
-    decision = Decision(study, rule, budgets, cost, directions[rule.metric], model=str(pipeline.get("model") or ""))
+    decision = Decision(study, rule, budgets, cost, directions[rule.metric], model=str(pipeline.get("model") or ""),
+                        split=pipeline.get("confirm") if isinstance(pipeline.get("confirm"), dict) else None)
     for b in budgets:
         if b.ratio_to is not None:
             decision.references[b.ratio_to] = _reference(b, trials, chosen)
     better_low = decision.lower_cost = directions.get(cost, "lower") == "lower"
     base_key = _key(base_configs[0])
-    claim = Claim(rule.text or rule.words(), rule.metric, "candidate", rule.baseline, rule.expect, replicates,
-                  margin=rule.margin, scale=rule.scale, better=directions[rule.metric])
+    decision.baseline_config, decision.replicates = base_configs[0], replicates
+    decision.claim = Claim(rule.text or rule.words(), rule.metric, "candidate", rule.baseline, rule.expect, replicates,
+                           margin=rule.margin, scale=rule.scale, better=directions[rule.metric])
     for cand in configurations([t for t in trials if _finite(t.get(rule.metric)) and _finite(t.get(cost))], replicates):
-        _measure(cand, decision, better_low)
+        _measure(cand, decision)
         if _key(cand) == base_key:
             cand.verdict, cand.replicates = "held: it is the baseline", len(cand.trials)
         else:
-            _judge(cand, claim, baseline, replicates, fetch, bounds, chance, exact)
+            judge_candidate(cand, decision, baseline, fetch, bounds, chance, exact)
         decision.candidates.append(cand)
     decision.candidates.sort(key=lambda c: (c.cost if better_low else -c.cost, c.name()))
     return _choose(decision)
@@ -156,13 +177,12 @@ def _reference(budget: Budget, trials: list[dict[str, Any]], chosen: set[str]) -
     return statistics.fmean(arm)
 
 
-def _measure(cand: Candidate, decision: Decision, better_low: bool) -> None:
+def _measure(cand: Candidate, decision: Decision) -> None:
     """Mean cost and quality over the replicates, the cost's noise span, and the budgets it meets on its means."""
     values = [float(t[decision.cost]) for t in cand.trials]
     lows = [float(t.get(f"{decision.cost}_ci_low", v)) if _finite(t.get(f"{decision.cost}_ci_low")) else v for t, v in zip(cand.trials, values)]
     highs = [float(t.get(f"{decision.cost}_ci_high", v)) if _finite(t.get(f"{decision.cost}_ci_high")) else v for t, v in zip(cand.trials, values)]
     cand.cost, cand.cost_span = statistics.fmean(values), (min(lows), max(highs))
-    cand.quality = statistics.fmean(float(t[decision.rule.metric]) for t in cand.trials)
     broken = []
     for b in decision.budgets:
         seen = [float(t[b.metric]) for t in cand.trials if _finite(t.get(b.metric))]
@@ -176,11 +196,15 @@ def _measure(cand: Candidate, decision: Decision, better_low: bool) -> None:
     cand.in_budget, cand.over = not broken, "; ".join(broken)
 
 
-def _judge(cand: Candidate, claim: Claim, baseline: list[dict[str, Any]], replicates: tuple[str, ...], fetch: Any,
-           bounds: Any, chance: Any, exact: Any) -> None:
-    """Pair the candidate's trials with the baseline's on the same replicate and judge the rule on them."""
-    pairs = _pairs(cand.trials, baseline, replicates)
-    claim = replace(claim, method=cand.name())  # its verdict's words name it ("the method is at chance (ppl rtn[bits=2] ...)")
+def judge_candidate(cand: Candidate, decision: Decision, baseline: list[dict[str, Any]], fetch: Any = None,
+                    bounds: Any = None, chance: Any = None, exact: Any = None) -> None:
+    """Pair the candidate's trials with the baseline's on the same replicate and judge the decision's rule on them
+    (its mean quality too); ``fetch``: run id -> per-example scores (the search's from the store, the confirm part's
+    from the re-applied trials)."""
+    assert decision.claim is not None
+    cand.quality = statistics.fmean(float(t[decision.rule.metric]) for t in cand.trials)
+    pairs = _pairs(cand.trials, baseline, decision.replicates)
+    claim = replace(decision.claim, method=cand.name())  # its verdict's words name it ("the method is at chance (ppl rtn[bits=2] ...)")
     found = judge(claim, Group((), pairs), fetch, bounds, chance, exact) if pairs else None
     if found is None:
         cand.verdict = "no verdict: no trial of the baseline on the same replicate" if not pairs else "no verdict: no estimate"

@@ -36,6 +36,7 @@ from paretolab.study.interrupt import INTERRUPTED, StopSignal, requeue_interrupt
 from paretolab.study.pool import WorkerPool
 from paretolab.study.reasons import readable_reason
 from paretolab.study.recording import call_hook, record_trial, study_tags, trial_tags
+from paretolab.study.confirm import search_split
 from paretolab.study.constraints import missing_references, reference_arms
 from paretolab.study.proposer import ENQUEUED, Proposer
 from paretolab.study.pruning import start_board
@@ -178,7 +179,8 @@ def _drive(
         init_ray(address)
         stop.install()  # ray.init replaced our SIGTERM handler with one that exits on the spot
         settings = TrialSettings(spec.name, spec.task, spec.task_options, spec.measures, spec.search.seed, cpus=spec.resources.cpus,
-                                 timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices))
+                                 timeout_s=spec.search.trial_timeout_s, models=dict(spec.models), prices=dict(spec.prices),
+                                 split=search_split(spec.confirm))
         pool = WorkerPool(spec.model, settings, spec.resources)
         n_workers = pool.size_for(target - done)
         shown = stores.redacted()

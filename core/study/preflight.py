@@ -116,6 +116,8 @@ def plan_lines(spec: StudySpec, path: str, stores: Any, trials: int | None = Non
         f"  model {spec.model}" + "".join(f", {role}: {m}" for role, m in spec.models.items()) + f"; task {spec.task}"
         + (f" ({', '.join(f'{k}={v}' for k, v in spec.task_options.items())})" if spec.task_options else ""),
         "  objectives: " + ", ".join(f"{o.metric} ({o.direction})" for o in spec.objectives),
+        *([f"  confirm split: {spec.confirm['share']:g} of the task's examples (seed {spec.confirm['seed']}) kept from the "
+           "search; every trial scores the rest, `paretolab pick` confirms its choice on them"] if spec.confirm else []),
         "search space (Optuna parameter: values):",
     ]
     lines += [f"  {name}: {_values(dist)}" for name, (_m, _k, dist) in searched(spec.stages, registries()).items()]

@@ -17,6 +17,7 @@ from paretolab.plugin_api.manager import registries
 from paretolab.plugin_api.metrics import TRIAL_METRICS
 from paretolab.plugin_api.options import parse_options
 from paretolab.study.arms import check_claim_arms, enqueue_params
+from paretolab.study.confirm import parse_confirm
 from paretolab.study.constraints import Constraint, parse_constraints
 from paretolab.study.fields import lookup, no_unknown, refuse_nan, require
 from paretolab.study.pruning import PrunerSpec, parse_pruner
@@ -78,6 +79,7 @@ class StudySpec:
     models: dict[str, str] = field(default_factory=dict)  # `models:` by role, loaded once per worker (see paretolab.routing)
     prices: dict[str, float] = field(default_factory=dict)  # role -> price per token (a simulated cost)
     constraints: tuple[Constraint, ...] = ()  # bounds a trial must meet to sit on a frontier (see paretolab.study.constraints)
+    confirm: dict[str, Any] | None = None  # examples kept from the search for `pick` to confirm on (see paretolab.study.confirm)
 
     @property
     def claim(self) -> Claim | None:
@@ -123,7 +125,7 @@ def pipeline_hash(raw: dict[str, Any]) -> str:
 
 
 TOP_KEYS = ("name", "model", "models", "task", "stages", "objectives", "search", "resources", "measures", "description", "claim", "claims", "frontiers",
-            "constraints")
+            "constraints", "confirm")
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -192,6 +194,7 @@ def parse_spec(raw: Any, *, source: str = "pipeline") -> StudySpec:
         models=models,
         prices=prices,
         constraints=constraints,
+        confirm=parse_confirm(raw.get("confirm"), task_name, regs),
     )
 
 

@@ -20,6 +20,7 @@ from paretolab.errors import TrialError, TrialPruned
 from paretolab.measure.energy import EnergyMeter
 from paretolab.measure.memory import PeakMemory
 from paretolab.plugin_api.context import TrialContext
+from paretolab.plugin_api.examples import ExampleSplit
 from paretolab.plugin_api.options import parse_options
 from paretolab.plugin_api.subject import Subject, synchronize, tokenizer_state
 from paretolab.records import StagePlan, TrialResult, TrialSettings
@@ -71,6 +72,7 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             models=dict(roles or {}),
             costs=CostLedger(dict(settings.prices)),
             reporter=report,
+            split=ExampleSplit(**settings.split) if settings.split else None,
         )
         ctx.stage_s, ctx.stage_energy_j = result.stage_s, meter.joules  # live: measures read the stages finished before them
         try:
@@ -122,6 +124,8 @@ def run_trial(base: Subject, plan: list[StagePlan], settings: TrialSettings, num
             result.info["energy_source"] = meter.source
             if ctx.calibration_draws:
                 result.info["calibration_draws"] = "; ".join(ctx.calibration_draws)
+            if ctx.examples_used:
+                result.info["examples"] = ctx.examples_used
             result.simulated_by = list(subject.simulated_by)
             result.history = curve_history(subject)
             unknown = sorted(k for k in result.metrics if k not in regs.metrics)

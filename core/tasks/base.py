@@ -18,6 +18,9 @@ class Task:
     # verdicts read an arm at or below it as at chance: a comparison of guesses is no evidence. Multiple-choice tasks
     # leave it out: their options per row (1/k) come with the dataset, not the task.
     chance: ClassVar[dict[str, float]] = {}
+    # Whether the task scores only ``ctx.examples(n)`` of its examples, so that a pipeline's ``confirm:`` split can keep a
+    # part of them from the search for ``paretolab pick`` to confirm its choice on.
+    splits: ClassVar[bool] = False
 
     def evaluate(self, subject: Subject, options: Any, ctx: TrialContext) -> dict[str, float]:
         raise NotImplementedError

@@ -52,9 +52,10 @@ class MultipleChoice(Task):
     name = "multiple_choice"
     metrics = ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr", "n_examples")
     options = MultipleChoiceOptions
+    splits = True  # a confirm split keeps whole questions apart
 
     def evaluate(self, subject: Subject, options: MultipleChoiceOptions, ctx: TrialContext) -> dict[str, float]:
-        scored = score_rows(subject, options)
+        scored = score_rows(subject, options, part=lambda n: ctx.examples(n, "question"))
         hits = [r.hit for r in scored]
         hits_norm = [r.hit_norm for r in scored]
         ctx.add_artifact(ARTIFACT, per_example_json("example", {"acc": hits, "acc_norm": hits_norm}))
@@ -70,11 +71,14 @@ class RowScore:
     hit_norm: float
 
 
-def score_rows(subject: Subject, options: MultipleChoiceOptions) -> list[RowScore]:
-    """Every evaluated row of ``options.dataset`` scored (the per-example data behind acc and acc_norm)."""
+def score_rows(subject: Subject, options: MultipleChoiceOptions, part: Callable[[int], list[int]] | None = None) -> list[RowScore]:
+    """Every evaluated row of ``options.dataset`` scored (the per-example data behind acc and acc_norm); ``part``: the
+    indices of the rows to score among the first ``limit`` (a confirm split's part, ``TrialContext.examples``)."""
     rows = read_jsonl(options.dataset, folder="mc")
     if options.limit:
         rows = rows[: options.limit]
+    if part is not None:
+        rows = [rows[i] for i in part(len(rows))]
     if not rows:
         raise ConfigError(f"task.dataset {options.dataset!r} has no rows")
     delimiter = delimiter_of(options)

@@ -44,6 +44,7 @@ class Perplexity(Task):
     name = "perplexity"
     metrics = ("ppl", "nll", "ppl_ci_low", "ppl_ci_high", "n_windows")
     options = PerplexityOptions
+    splits = True  # a confirm split keeps whole windows apart (each window's tokens scored as without a split)
 
     def evaluate(self, subject: Subject, options: PerplexityOptions, ctx: TrialContext) -> dict[str, float]:
         if options.stride < 1 or options.stride > options.context:
@@ -52,8 +53,9 @@ class Perplexity(Task):
         window_nll: list[float] = []  # summed NLL of each window's scored tokens
         window_tokens: list[int] = []
         model = subject.model
+        every = list(_windows(ids, options))
         with torch.no_grad():
-            for inputs, labels in _windows(ids, options):
+            for inputs, labels in _batched([every[i] for i in ctx.examples(len(every), "window")], options):
                 logits = model(input_ids=inputs).logits[:, :-1].float()
                 target = labels[:, 1:]
                 loss = torch.nn.functional.cross_entropy(
@@ -75,18 +77,13 @@ def _exp(nll: float) -> float:
 
 
 def _windows(ids: torch.Tensor, opt: PerplexityOptions) -> Any:
-    """(inputs, labels) batches; labels are -100 where a token was already scored by an earlier window."""
+    """(inputs, labels) of each window, (1, length) each; labels are -100 where a token was already scored by an earlier window."""
     n = ids.numel()
-    if opt.stride == opt.context:  # non-overlapping windows of equal length: batch them
-        starts = list(range(0, max(n - 1, 1), opt.context))
-        full = [s for s in starts if s + opt.context <= n]
-        for i in range(0, len(full), opt.batch_size):
-            batch = torch.stack([ids[s : s + opt.context] for s in full[i : i + opt.batch_size]])
-            yield batch, batch.clone()
-        rest = [s for s in starts if s + opt.context > n and n - s > 1]
-        for s in rest:
-            window = ids[s:].unsqueeze(0)
-            yield window, window.clone()
+    if opt.stride == opt.context:  # non-overlapping windows: each scores all its tokens
+        for s in range(0, max(n - 1, 1), opt.context):
+            if s + opt.context <= n or n - s > 1:
+                window = ids[s : s + opt.context].unsqueeze(0)
+                yield window, window.clone()
         return
     prev_end = 0
     for begin in range(0, n, opt.stride):
@@ -98,6 +95,18 @@ def _windows(ids: torch.Tensor, opt: PerplexityOptions) -> Any:
         prev_end = end
         if end == n:
             break
+
+
+def _batched(windows: list[tuple[torch.Tensor, torch.Tensor]], opt: PerplexityOptions) -> Any:
+    """Windows of equal length stacked ``batch_size`` at a time (non-overlapping ones); any other window alone."""
+    size = opt.batch_size if opt.stride == opt.context else 1
+    i = 0
+    while i < len(windows):
+        group = [windows[i]]
+        while len(group) < size and i + len(group) < len(windows) and windows[i + len(group)][0].shape == windows[i][0].shape:
+            group.append(windows[i + len(group)])
+        i += len(group)
+        yield torch.cat([g[0] for g in group]), torch.cat([g[1] for g in group])
 
 
 _IDS_CACHE: dict[tuple[str, str, int, int], torch.Tensor] = {}

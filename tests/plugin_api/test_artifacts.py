@@ -62,11 +62,11 @@ def _spec(stages: list[dict[str, Any]]) -> Any:
 
 
 def _rerun(stages: list[dict[str, Any]], hold: Path) -> Subject:
-    from paretolab.api.export import _rerun
+    from paretolab.api.export import rerun
     from paretolab.models.lookup import load_subject
 
     frozen = optuna.trial.create_trial(params={}, distributions={}, values=[1.0])
-    subject, result, _ = _rerun(_spec(stages), frozen, load_subject("tiny-llama"), hold=hold)
+    subject, result, _ = rerun(_spec(stages), frozen, load_subject("tiny-llama"), hold=hold)
     assert not result.error, result.error
     return subject
 
