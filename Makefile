@@ -46,10 +46,16 @@ demo: $(STAMP)  ## run pipelines/demo.yaml (its first run converts SmolLM2-135M 
 JOBS   ?= 1
 PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
+# ENGINE_TESTS: whether make test runs the llama.cpp engine tests (default: where llama.cpp is built); CI builds it beside
+# the suite and sets ENGINE_TESTS= so that they run once, after it, in make test-engines.
+ENGINE_TESTS ?= $(if $(wildcard $(LLAMA_STAMP)),yes)
 test: $(DEV)  ## the test suite CI runs (slow tests included; the `results` tests are make results-tests)
-	@$(if $(wildcard $(LLAMA_STAMP)),,echo "NOTICE: the llama.cpp engine tests (marker engine) are left out: nothing under $(ENGINES)/llama; make engines-llama, then make test, runs them")
-	PARETOLAB_ENGINES=$(ENGINES) $(PYTEST) -m "not results and not vllm and not incumbents$(if $(wildcard $(LLAMA_STAMP)),, and not engine)" --durations=25
+	@$(if $(ENGINE_TESTS),,echo "NOTICE: the llama.cpp engine tests (marker engine) are left out here: make test-engines runs them (it builds llama.cpp first: make engines-llama)")
+	PARETOLAB_ENGINES=$(ENGINES) $(PYTEST) -m "not results and not vllm and not incumbents$(if $(ENGINE_TESTS),, and not engine)" --durations=25
 	@echo "NOTICE: the vLLM engine tests (marker vllm) and the incumbents' (marker incumbents) are not part of make test: make test-vllm and make test-incumbents run them (CI does)"
+
+test-engines: $(DEV) engines-llama  ## the llama.cpp engine tests alone (marker engine; make test runs them too where llama.cpp is built); they fail, never skip, without it
+	PARETOLAB_ENGINES=$(ENGINES) PARETOLAB_ENGINES_REQUIRED=1 $(PYTEST) -m "engine and not results and not vllm and not incumbents" --durations=5
 
 test-vllm: $(DEV) engines-vllm  ## the vLLM engine tests (marker vllm, ~3 min on 2 cores); they fail, never skip, without vLLM
 	PARETOLAB_ENGINES=$(ENGINES) PARETOLAB_ENGINES_REQUIRED=1 $(PYTEST) -m vllm --durations=5

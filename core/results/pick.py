@@ -183,6 +183,7 @@ def _measure(cand: Candidate, decision: Decision) -> None:
     lows = [float(t.get(f"{decision.cost}_ci_low", v)) if _finite(t.get(f"{decision.cost}_ci_low")) else v for t, v in zip(cand.trials, values)]
     highs = [float(t.get(f"{decision.cost}_ci_high", v)) if _finite(t.get(f"{decision.cost}_ci_high")) else v for t, v in zip(cand.trials, values)]
     cand.cost, cand.cost_span = statistics.fmean(values), (min(lows), max(highs))
+    cand.quality = statistics.fmean(float(t[decision.rule.metric]) for t in cand.trials)
     broken = []
     for b in decision.budgets:
         seen = [float(t[b.metric]) for t in cand.trials if _finite(t.get(b.metric))]

@@ -71,6 +71,8 @@ def _placement() -> dict[str, str]:
     try:
         import ray
 
+        if not ray.is_initialized():  # outside Ray (tests call the class directly): asking would start a whole local Ray
+            return {}
         context = ray.get_runtime_context()
         return {"ray_node": context.get_node_id(), "gpu_ids": ",".join(str(g) for g in ray.get_gpu_ids())}
     except Exception:  # run outside Ray (tests call the class directly)
