@@ -8,6 +8,7 @@ without a verdict (an older or unconstrained study) counts as feasible. Pruned t
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from paretolab.plugin_api.numbers import metric_value, params_text
 from paretolab.results.frontier import CONSTRAINTS, is_feasible, pareto_indices
 from paretolab.results.engines import gap_cell
 from paretolab.results.noise import QUALITY, engine_ppl_gaps, mark_indistinguishable
+from paretolab.results.replicates import configuration_groups, is_replicate, report_replicates
 from paretolab.results.source import Source, source_of
 from paretolab.stores.locations import Stores
 from paretolab.stores.open import exists, guarded, optuna_storage, sqlite_file
@@ -42,24 +44,58 @@ def load_study(name: str, stores: Stores | Source) -> optuna.Study:
 def frontier_rows(name: str, stores: Stores | Source) -> FrontierRows:
     """The non-dominated feasible complete trials with their objective values and parameters (``feasible: true``),
     then the infeasible trials that the frontier would have without the constraints (``feasible: false`` and
-    ``infeasible_because``). ``.constraints``: the study's bounds in words ([] without constraints)."""
+    ``infeasible_because``). ``.constraints``: the study's bounds in words ([] without constraints).
+
+    A study that repeats configurations over replicates (seeds, calibration draws: the pipeline's claims' ``replicates``,
+    else the usual names) places each configuration at its replicates' mean: one row per frontier configuration, its
+    ``trials`` and each objective's ``spread`` (min, max over them); a luckier draw gives a method no second chance."""
     study = source_of(stores).stored_study(name)
     objectives = study.user_attrs.get("objectives") or [[f"objective{i}", d] for i, d in enumerate(study.directions)]
     directions = [d for _, d in objectives]
     trials = study.complete
     ok = [t for t in trials if is_feasible(t.user_attrs)]
-    front = [ok[i] for i in pareto_indices([t.values for t in ok], directions)]
+    replicates = report_replicates(study.user_attrs.get("pipeline") or {})
+    configs = _configurations(ok, replicates)
+    if any(len(c) > 1 for c in configs):
+        means = [[statistics.fmean(t.values[i] for t in c) for i in range(len(objectives))] for c in configs]
+        front_configs = sorted((configs[i] for i in pareto_indices(means, directions)), key=lambda c: statistics.fmean(t.values[0] for t in c))
+        rows = FrontierRows(_configuration_row(c, objectives, replicates) for c in front_configs)
+    else:
+        front = [ok[i] for i in pareto_indices([t.values for t in ok], directions)]
+        rows = FrontierRows(_frontier_row(t, objectives) for t in sorted(front, key=lambda t: t.values[0]))
+        for row, noise in zip(rows, frontier_noise(rows, [m for m, _ in objectives], stores)):  # neighbours along the feasible frontier only
+            if noise is not None:
+                row["noise"] = noise
     left_off = [trials[i] for i in pareto_indices([t.values for t in trials], directions) if not is_feasible(trials[i].user_attrs)]
-    rows = FrontierRows(_frontier_row(t, objectives) for t in sorted(front, key=lambda t: t.values[0]))
-    for row, noise in zip(rows, frontier_noise(rows, [m for m, _ in objectives], stores)):  # neighbours along the feasible frontier only
-        if noise is not None:
-            row["noise"] = noise
     rows.extend({**_frontier_row(t, objectives), "feasible": False, REASON: reason_text(t.user_attrs.get(REASON) or "no reason recorded")}
                 for t in sorted(left_off, key=lambda t: t.values[0]))
     if "engine" in ((study.user_attrs.get("pipeline") or {}).get("measures") or {}):  # else no engine figures: nothing more to read
         _add_engines(rows, {t.number: t for t in trials}, stores)
     rows.constraints = [reason_text(c) for c in study.user_attrs.get(CONSTRAINTS) or []]
     return rows
+
+
+def _configurations(trials: list[Any], replicates: tuple[str, ...]) -> list[list[Any]]:
+    """Optuna trials grouped by configuration: the same value of every parameter that is no replicate, in first-seen order;
+    a trial with no replicate parameter is a configuration of its own (two trials of one setting are not draws)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for t in trials:
+        if not any(is_replicate(k, replicates) for k in t.params):
+            groups[("trial", t.number)] = [t]
+            continue
+        groups.setdefault(tuple(sorted((k, repr(v)) for k, v in t.params.items() if not is_replicate(k, replicates))), []).append(t)
+    return list(groups.values())
+
+
+def _configuration_row(trials: list[Any], objectives: list[list[str]], replicates: tuple[str, ...]) -> dict[str, Any]:
+    """A configuration's frontier row: each objective's mean over its replicates and its ``spread``; ``trial`` the first;
+    ``params`` without the replicates (the row is no one draw)."""
+    row = _frontier_row(trials[0], objectives)
+    row["params"] = {k: v for k, v in row["params"].items() if not is_replicate(k, replicates)}
+    row.update({metric: statistics.fmean(t.values[i] for t in trials) for i, (metric, _) in enumerate(objectives)})
+    row["trials"] = sorted(t.number for t in trials)
+    row["spread"] = {metric: [min(t.values[i] for t in trials), max(t.values[i] for t in trials)] for i, (metric, _) in enumerate(objectives)}
+    return row
 
 
 def _frontier_row(trial: Any, objectives: list[list[str]]) -> dict[str, Any]:
@@ -125,7 +161,8 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
     front = [r for r in rows if r.get("feasible", True)]
     left_off = [r for r in rows if not r.get("feasible", True)]
     if front:
-        print(f"Pareto set of study {name!r} ({len(front)} trial(s)){under}:")
+        what = f"{len(front)} configuration(s), each at the mean over its replicates" if any("trials" in r for r in front) else f"{len(front)} trial(s)"
+        print(f"Pareto set of study {name!r} ({what}){under}:")
         noise = ["within noise of"] if any(r.get("noise") for r in front) else []
         engines = ["engine ppl vs the trial's"] if any(r.get("engine_ppl") for r in front) else []
         _print_rows(front, noise + engines, lambda r: ([r.get("noise", "")] if noise else []) + ([gap_cell(r.get('engine_ppl') or {})] if engines else []))
@@ -137,14 +174,24 @@ def print_frontier(name: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]], extra: list[str], cells: Any, mark: str = "") -> None:
-    metrics = [k for k in rows[0] if k not in ("trial", "params", "mlflow_run_id", "noise", "feasible", REASON, "engine", "engine_ppl")]
-    header = [printable(h) for h in ("trial", *metrics, *extra, "params")]  # metric names and params from the store: escaped
-    lines = [[printable(cell) for cell in (f"{r['trial']}{mark}", *(metric_value(m, r[m]) for m in metrics), *cells(r), _params(r["params"]))]
+    metrics = [k for k in rows[0] if k not in ("trial", "trials", "spread", "params", "mlflow_run_id", "noise", "feasible", REASON, "engine", "engine_ppl")]
+    header = [printable(h) for h in ("trial" if not any("trials" in r for r in rows) else "trials (mean over replicates)", *metrics, *extra, "params")]
+    lines = [[printable(cell) for cell in ("+".join(map(str, r.get("trials") or [r["trial"]])) + mark, *(_mean_cell(r, m) for m in metrics),
+                                           *cells(r), _params(r["params"]))]
              for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths)))
+
+
+def _mean_cell(row: dict[str, Any], metric: str) -> str:
+    """A metric's value, and for a configuration's mean over replicates its range: ``35.51 (34.9–36.3)``."""
+    spread = (row.get("spread") or {}).get(metric)
+    if not spread or len(row.get("trials") or ()) < 2:
+        return metric_value(metric, row[metric])
+    low, high = metric_value(metric, spread[0]), metric_value(metric, spread[1])
+    return f"{metric_value(metric, row[metric])} ({low}–{high})" if low != high else metric_value(metric, row[metric])
 
 
 def study_summaries(stores: Stores) -> list[dict[str, Any]]:
@@ -234,20 +281,33 @@ def method_label(params: dict[str, str]) -> str:
 
 
 def method_frontiers(name: str, stores: Stores | Source) -> list[dict[str, Any]]:
-    """Each method's own Pareto set on the study's objectives, over its feasible trials: the cross-method comparison."""
-    return per_method(*trial_table(name, stores), frontier=True)
+    """Each method's own Pareto set on the study's objectives, over its feasible trials (a configuration repeated over
+    replicates at their mean): the cross-method comparison."""
+    pipeline = source_of(stores).stored_study(name).user_attrs.get("pipeline") or {}
+    return per_method(*trial_table(name, stores), frontier=True, replicates=report_replicates(pipeline))
 
 
-def per_method(objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool) -> list[dict[str, Any]]:
-    """Rows grouped by method (sorted by the last objective); only each method's Pareto set of its feasible rows when ``frontier``."""
+def per_method(objectives: list[tuple[str, str]], rows: list[dict[str, Any]], *, frontier: bool,
+               replicates: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Rows grouped by method (sorted by the last objective); only each method's Pareto set of its feasible rows when
+    ``frontier``. With ``replicates``, a configuration repeated over them is on its method's frontier when its mean over
+    them is (every draw of it listed then): a luckier draw gives a method no second chance."""
     directions = [d for _, d in objectives]
     if frontier:
         rows = [r for r in rows if r.get("feasible", True)]
     out = []
     for label in sorted({r["method"] for r in rows}):
         mine = [r for r in rows if r["method"] == label]
-        keep = pareto_indices([[r[m] for m, _ in objectives] for r in mine], directions) if frontier else range(len(mine))
-        out.extend(sorted((mine[i] for i in keep), key=lambda r: (r[objectives[-1][0]], r[objectives[0][0]])))
+        if frontier:
+            mine = _front_of(mine, objectives, directions, replicates)
+        out.extend(sorted(mine, key=lambda r: (r[objectives[-1][0]], r[objectives[0][0]])))
     return out
+
+
+def _front_of(rows: list[dict[str, Any]], objectives: list[tuple[str, str]], directions: list[str], replicates: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows on their Pareto set: each row alone, or each configuration at its replicates' mean (all its rows kept)."""
+    groups = list(configuration_groups(rows, replicates).values()) if replicates else [[r] for r in rows]
+    means = [[statistics.fmean(float(r[m]) for r in g) for m, _ in objectives] for g in groups]
+    return [r for i in pareto_indices(means, directions) for r in groups[i]]
 
 

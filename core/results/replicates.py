@@ -75,10 +75,15 @@ def baseline_finder(rows: list[dict[str, Any]], replicates: tuple[str, ...]) -> 
 
 def configuration_groups(rows: list[dict[str, Any]], replicates: tuple[str, ...]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     """The rows by configuration, in first-seen order: the key is (label, every parameter but the replicates, as
-    ``(name, repr(value))`` sorted); the value the rows of its replicates. The one grouping of frontiers and ``pick``."""
+    ``(name, repr(value))`` sorted); the value the rows of its replicates. A row with no replicate parameter is a
+    configuration of its own (two trials of one setting are not draws). The one grouping of frontiers and ``pick``."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
-        config = tuple(sorted((k, repr(v)) for k, v in named_params(row).items() if not is_replicate(k, replicates)))
+        params = named_params(row)
+        if not any(is_replicate(k, replicates) for k in params):
+            groups[(row.get("label"), ("trial", row.get("trial"), id(row)))] = [row]
+            continue
+        config = tuple(sorted((k, repr(v)) for k, v in params.items() if not is_replicate(k, replicates)))
         groups.setdefault((row.get("label"), config), []).append(row)
     return groups
 

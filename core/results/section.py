@@ -75,7 +75,7 @@ def study_section(name: str, stores: Stores | Source, metrics: list[str], *, fro
         lines += [f"> **{note}.**", ""]
     if not rows:
         return printable("\n".join([*lines, "No complete trials yet.", ""]), lines=True)
-    shown = best_first(per_method(objectives, rows, frontier=frontier), objectives)
+    shown = best_first(per_method(objectives, rows, frontier=frontier, replicates=report_replicates(pipeline)), objectives)
     wanted = dict.fromkeys([*(m for m, _ in objectives), *metrics])  # the study's objectives always, first
     columns = ["method", "params", *[m for m in wanted if any(m in r for r in shown)]]
     first = objectives[0][0]
@@ -121,7 +121,7 @@ def constraint_lines(constraints: list[str], objectives: list[tuple[str, str]], 
     text = (f"**Constraints:** {'; '.join(f'`{c}`' for c in constraints)}. Frontiers are drawn over the feasible trials only; "
             f"{len(bad)} of {len(rows)} complete trial(s) break a bound.")
     if frontier and bad:
-        would = {r["trial"] for r in per_method(objectives, [{**r, "feasible": True} for r in rows], frontier=True)}
+        would = {r["trial"] for r in per_method(objectives, [{**r, "feasible": True} for r in rows], frontier=True)}  # per trial: a bound breaks draws
         left = [r for r in bad if r["trial"] in would]
         if left:
             text += " Left off as infeasible (on their method's frontier without the constraints): " + "; ".join(

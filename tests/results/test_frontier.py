@@ -125,3 +125,30 @@ frontiers: [[ppl, size_byte]]
         parse_spec(raw)
     raw["frontiers"] = [["ppl", "size_bytes"]]
     assert parse_spec(raw).name == "f"
+
+
+def test_a_configuration_repeated_over_replicates_is_placed_at_their_mean_never_its_luckiest_draw(tmp_path):
+    """wanda ran each sparsity on three calibration draws: the frontier lists each configuration once, at the draws' mean,
+    with their range; the method's table keeps every draw of a frontier configuration."""
+    import json
+    import statistics
+
+    from paretolab.results.read import frontier_rows, method_frontiers, trial_table
+    from paretolab.results.source import BundleSource
+    from tests.conftest import ROOT, cli_here
+
+    source = BundleSource([ROOT / "results" / "bundles" / "wanda_vs_magnitude.jsonl.gz"])
+    _, trials = trial_table("wanda_vs_magnitude", source)
+    ppl = {t["trial"]: t["ppl"] for t in trials}
+    rows = {tuple(r["trials"]): r for r in frontier_rows("wanda_vs_magnitude", source)}
+    assert set(rows) == {(12,), (0, 3, 6), (1, 4, 7), (2, 5, 8)}  # none, and wanda at 0.3 / 0.5 / 0.7
+    three = rows[(2, 5, 8)]
+    assert three["ppl"] == statistics.fmean(ppl[n] for n in (2, 5, 8)) and three["spread"]["ppl"] == [min(ppl[n] for n in (2, 5, 8)), max(ppl[n] for n in (2, 5, 8))]
+    assert "stage0.wanda.calib_seed" not in three["params"]  # the row is no one draw
+    said = cli_here("frontier", "wanda_vs_magnitude", "--bundle", str(ROOT / "results" / "bundles" / "wanda_vs_magnitude.jsonl.gz"), cwd=tmp_path).stdout
+    assert "4 configuration(s), each at the mean over its replicates" in said and "2+5+8" in said, said
+    listed = json.loads(cli_here("frontier", "wanda_vs_magnitude", "--bundle", str(ROOT / "results" / "bundles" / "wanda_vs_magnitude.jsonl.gz"),
+                                 "--json", cwd=tmp_path).stdout)
+    assert [r["trials"] for r in listed] == [[12], [0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    wanda = sorted(r["trial"] for r in method_frontiers("wanda_vs_magnitude", source) if r["method"] == "wanda")
+    assert wanda == list(range(9))  # every draw of each frontier configuration, not the luckiest one per sparsity
