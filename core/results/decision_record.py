@@ -151,10 +151,8 @@ def _numbers(c: Candidate) -> str:
 
 
 def _cost(d: Decision, c: Candidate) -> str:
-    low, high = c.cost_span
-    if low != high:
-        return f"{metric_value(d.cost, c.cost)} (span {metric_value(d.cost, low)}–{metric_value(d.cost, high)})"
-    return metric_value(d.cost, c.cost)
+    low, high = (metric_value(d.cost, v) for v in c.cost_span)
+    return f"{metric_value(d.cost, c.cost)} (span {low}–{high})" if low != high else metric_value(d.cost, c.cost)
 
 
 def candidate_effect(d: Decision, c: Candidate) -> str:

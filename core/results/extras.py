@@ -3,10 +3,13 @@
     extras:
       - {sensitivity: results/layers/sensitivity_rtn3}      # a `paretolab sensitivity` run: its table and plot
       - {interaction: layers_prune_x_quant, a: wanda, b: rtn, metrics: [ppl, size_bytes]}
+      - {decision: wanda_vs_magnitude, keep: "ppl no_worse 25 % vs none", where: ["size_bytes <= 0.8 x none"]}
 
 ``sensitivity`` is a path without suffix, from the repository root, to ``.json`` (the ``sensitivity.json`` that
 ``paretolab sensitivity`` wrote) and ``.png`` beside it; the document shows the ranked table and links the plot.
 ``interaction`` is a study of the document, read from its bundle (:mod:`paretolab.results.interaction`).
+``decision`` is ``paretolab pick`` on a study of the document, read from its bundle (a bundle re-applies no trial, so
+the decision is not confirmed on held-out examples, and says so).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 from paretolab.errors import ConfigError
 from paretolab.plugin_api.numbers import interval_text, number
 
-KINDS = {"sensitivity": ("sensitivity",), "interaction": ("interaction", "a", "b", "metrics", "relative")}
+KINDS = {"sensitivity": ("sensitivity",), "interaction": ("interaction", "a", "b", "metrics", "relative"),
+         "decision": ("decision", "keep", "where", "cost")}
 
 
 def check_extras(raw: Any, studies: tuple[str, ...], where: str) -> tuple[dict[str, Any], ...]:
@@ -34,11 +38,17 @@ def check_extras(raw: Any, studies: tuple[str, ...], where: str) -> tuple[dict[s
         at = f"{where}.extras[{i}]"
         kinds = [k for k in KINDS if isinstance(item, dict) and k in item]
         if len(kinds) != 1:
-            raise ConfigError(f"{at}: expected one of {{sensitivity: PATH}} or {{interaction: STUDY, a: METHOD, b: METHOD}}, got {item!r}")
+            raise ConfigError(f"{at}: expected one of {{sensitivity: PATH}}, {{interaction: STUDY, a: METHOD, b: METHOD}} or "
+                              f"{{decision: STUDY, keep: RULE, where: [BUDGET]}}, got {item!r}")
         allowed = KINDS[kinds[0]]
         unknown = sorted(set(item) - set(allowed))
         if unknown:
             raise ConfigError(f"{at}: unknown field {unknown[0]!r} (fields: {', '.join(allowed)})")
+        if kinds[0] == "decision":
+            if item["decision"] not in studies:
+                raise ConfigError(f"{at}.decision: {item['decision']!r} is not among the document's studies; add it to `studies`")
+            if not isinstance(item.get("keep"), str) or not isinstance(item.get("where", []), list):
+                raise ConfigError(f"{at}: give keep: RULE and where: [BUDGET, ...] as `paretolab pick` takes them")
         if kinds[0] == "interaction":
             if item["interaction"] not in studies:
                 raise ConfigError(f"{at}.interaction: {item['interaction']!r} is not among the document's studies; add it to `studies`")
@@ -54,6 +64,8 @@ def render_extras(extras: tuple[dict[str, Any], ...], source: Any, root: Path, d
     for item in extras:
         if "sensitivity" in item:
             sections.append(sensitivity_section(root / item["sensitivity"], root / document))
+        elif "decision" in item:
+            sections.append(decision_section(item, source))
         else:
             sections.append(interaction_section(item, source))
     return sections
@@ -95,3 +107,18 @@ def interaction_section(item: dict[str, Any], source: Any) -> str:
     except ConfigError as exc:
         return f"## Interaction: {item['a']} × {item['b']} ({study})\n\nNot available: {exc}\n"
     return f"## Interaction: {item['a']} × {item['b']} ({study})\n\n" + markdown(study, item["a"], item["b"], found)
+
+
+def decision_section(item: dict[str, Any], source: Any) -> str:
+    """``paretolab pick`` on a study of the document, as it prints it (its own heading replaced by the section's)."""
+    from paretolab.results.decision_record import decide_study, decision_lines
+
+    study, where = item["decision"], list(item.get("where") or [])
+    head = f"## Decision: {study}, keeping `{item['keep']}`" + (f" within `{'; '.join(where)}`" if where else "")
+    try:
+        decision = decide_study(study, source, keep=item["keep"], budgets=where, cost=item.get("cost"))
+    except ConfigError as exc:
+        return f"{head}\n\nNot available: {exc}\n"
+    command = f"paretolab pick {study} --keep '{item['keep']}'" + "".join(f" --where '{w}'" for w in where)
+    return "\n".join([head, "", f"`{command}` on the study's bundle:", "", *decision_lines(decision)[2:]])
+

@@ -244,13 +244,19 @@ def _choose(decision: Decision) -> Decision:
                                                     _shortfall(c, decision), decision.candidates.index(c)))
         decision.why = f"no configuration within the budget keeps the rule; the nearest: {decision.nearest.verdict}"
         return decision
-    kept = [c for c in decision.candidates if c.category == "held"]
+    kept = [c for c in decision.candidates if c.category == "held" and c is not decision_baseline(decision)]
     if kept:
         decision.nearest = kept[0]
-        decision.why = f"no configuration meets the budget while keeping the rule; the best that keeps it: {kept[0].over}"
+        decision.why = f"no configuration meets the budget while keeping the rule; the cheapest that keeps it: {kept[0].over}"
     else:
-        decision.why = "no configuration meets the budget, and none keeps the rule"
+        decision.why = "no configuration meets the budget, and none but the baseline keeps the rule"
     return decision
+
+
+def decision_baseline(decision: Decision) -> Candidate | None:
+    """The candidate that is the rule's baseline configuration itself (it keeps the rule trivially)."""
+    base = decision.baseline_config
+    return next((c for c in decision.candidates if base is not None and _key(c) == _key(base)), None)
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -132,3 +132,20 @@ def test_pick_on_a_committed_bundle_prints_the_choice_and_writes_its_record(tmp_
     assert "did not hold" in record["why"]
     refused = cli_here(*args, "--keep", "ppl no_worse 2 % vs none", "--export", "out", cwd=tmp_path, check=False)
     assert refused.returncode == 2 and "import the bundle first" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+def test_a_results_document_carries_the_decisions_its_manifest_names():
+    """results/documents.yaml's decision extras: the compression document prints pick's decision on each named study's
+    bundle (the same lines as the CLI), and a decision about a study the document does not hold is refused."""
+    from paretolab.results.decision_record import decide_study, decision_lines
+    from paretolab.results.extras import check_extras
+    from paretolab.results.source import BundleSource
+    from tests.conftest import ROOT
+
+    text = (ROOT / "pipelines" / "README.md").read_text(encoding="utf-8")
+    decision = decide_study("wanda_vs_magnitude", BundleSource([ROOT / BUNDLE]), keep="ppl no_worse 25 % vs none",
+                            budgets=["size_bytes <= 0.8 x none"])
+    assert "## Decision: wanda_vs_magnitude, keeping `ppl no_worse 25 % vs none`" in text
+    assert "\n".join(decision_lines(decision)[2:]) in text and "**Not confirmed:**" in text
+    with pytest.raises(ConfigError, match=r"extras\[0\].decision: 'macko' is not among the document's studies"):
+        check_extras([{"decision": "macko", "keep": "ppl no_worse 2 % vs none"}], ("wanda_vs_magnitude",), "doc")
