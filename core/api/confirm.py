@@ -4,16 +4,27 @@ again there by the same verdict path (:func:`paretolab.results.claims.judge`).
 
 The trial that looks best among many was partly lucky on the examples that chose it (the winner's curse); its score
 on the confirm part is not. How far its effect moved between the parts is the shrinkage the decision record reports.
+A calibrated method is re-applied on fresh calibration draws too (each ``calib_seed`` moved by ``FRESH_DRAWS``): its
+choice was also partly lucky in the draws that made it.
 """
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from paretolab.errors import ConfigError
 from paretolab.results.pick import Candidate, Confirmation, Decision, judge_candidate
 from paretolab.stores.locations import Stores
+
+FRESH_DRAWS = 1000  # added to every calib_seed of a re-applied trial: draws no trial of the search made
+
+
+def fresh_draws(params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's parameters with every calibration draw replaced by a fresh one (``calib_seed`` + ``FRESH_DRAWS``)."""
+    return {k: v + FRESH_DRAWS if k.split(".")[-1] == "calib_seed" and isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in params.items()}
 
 
 def confirm(decision: Decision, *, stores: Stores | None = None, progress: Any = print) -> Confirmation:
@@ -38,19 +49,23 @@ def confirm(decision: Decision, *, stores: Stores | None = None, progress: Any =
     wanted = [decision.baseline_config, decision.choice, *decision.rivals]
     scored: dict[int, dict[str, Any]] = {}
     per_example: dict[str, Any] = {}
+    refreshed = False
     for cand in [c for c in wanted if c is not None]:
         for trial in cand.trials:
             number = int(trial["trial"])
             if number in scored:
                 continue
             frozen, _ = _complete_trial(decision.study, number, stores)
-            progress(f"confirm part: re-applying trial {number} of {decision.study!r} ({cand.name()}) ...")
-            _, result, _ = rerun(spec, frozen, base, part="confirm")
+            params = fresh_draws(dict(frozen.params))
+            fresh = " on fresh calibration draws" if params != dict(frozen.params) else ""
+            refreshed = refreshed or bool(fresh)
+            progress(f"confirm part: re-applying trial {number} of {decision.study!r} ({cand.name()}){fresh} ...")
+            _, result, _ = rerun(spec, SimpleNamespace(params=params, number=frozen.number), base, part="confirm")
             run_id = f"confirm:{number}"
             scored[number] = {**trial, **result.metrics, "run_id": run_id, "info": dict(result.info)}
             payload = result.artifacts.get(ARTIFACT)
             per_example[run_id] = json.loads(payload) if payload else None
-    out = Confirmation(examples=str(next(iter(scored.values()))["info"].get("examples", "")))
+    out = Confirmation(examples=str(next(iter(scored.values()))["info"].get("examples", "")), fresh_draws=refreshed)
     baseline = [scored[int(t["trial"])] for t in decision.baseline_config.trials] if decision.baseline_config else []
     for cand in [c for c in wanted[1:] if c is not None]:
         again = Candidate(cand.label, cand.settings, [scored[int(t["trial"])] for t in cand.trials], named=cand.named)

@@ -85,7 +85,8 @@ def confirmation_lines(d: Decision) -> list[str]:
     if again is None:
         return []
     held = conf.survived(c)
-    lines = [f"**On the confirm part** ({conf.examples}; examples the search never scored): "
+    fresh = "; calibrated methods re-applied on fresh calibration draws" if conf.fresh_draws else ""
+    lines = [f"**On the confirm part** ({conf.examples}; examples the search never scored{fresh}): "
              f"{_evidence(d, again)} — " + ("the choice survived." if held else "the choice did **not** survive: the search's "
                                            "evidence for it does not hold on new examples."), ""]
     lines.append(f"- search part: {candidate_effect(d, c)}; confirm part: {candidate_effect(d, again)} "

@@ -73,6 +73,7 @@ class Confirmation:
 
     examples: str = ""
     candidates: dict[str, Candidate] = field(default_factory=dict)
+    fresh_draws: bool = False  # calibrated methods were re-applied on calibration draws no search trial made
 
     def survived(self, choice: Candidate) -> bool:
         """The choice keeps the rule on the confirm part too."""

@@ -97,3 +97,11 @@ def test_pick_confirms_its_choice_on_the_part_the_search_never_scored(tmp_path, 
     assert "**On the confirm part** (confirm part: 8 of 16 windows" in text and "search part: ×" in text
     assert "smallest difference the confirm part could detect" in text
     assert json.loads(json.dumps(decision_record.decision_record(decision)))["confirmation"]["candidates"]["rtn[bits=2]"]["trials"]
+
+
+def test_a_calibrated_method_is_confirmed_on_fresh_calibration_draws():
+    from paretolab.api.confirm import FRESH_DRAWS, fresh_draws
+
+    params = {"stage0.method": "gptq", "stage0.gptq.calib_seed": 2, "stage0.gptq.bits": 4, "seed": 3}
+    assert fresh_draws(params) == {**params, "stage0.gptq.calib_seed": 2 + FRESH_DRAWS}  # the trial's own seed stays
+    assert fresh_draws({"stage0.method": "rtn", "stage0.rtn.bits": 4}) == {"stage0.method": "rtn", "stage0.rtn.bits": 4}
