@@ -86,7 +86,8 @@ def check_same_pipeline(spec: StudySpec, study: optuna.Study, stores: Stores) ->
     if not spec.matches_hash(stored):
         raise ConfigError(
             f"study {spec.name!r} in {stores.redacted().optuna_url} was started from a different pipeline "
-            f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`"
+            f"(hash {stored} != {spec.pipeline_hash()}); give the changed pipeline a new `name`, or remove the old study "
+            f"(`paretolab studies delete {spec.name}`: an updated paretolab's demo, say) and run it again"
         )
 
 

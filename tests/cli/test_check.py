@@ -95,3 +95,16 @@ def test_check_starts_no_ray_loads_no_model_and_writes_no_store(tmp_path):
 def test_help_of_the_new_commands_teaches(args, tmp_path):
     out = cli_here(*args, "--help", cwd=tmp_path).stdout
     assert "usage: paretolab" in out and ("runs nothing" in out or "--yes" in out or "no Ray" in out)
+
+
+def test_a_study_started_by_another_pipeline_is_refused_with_both_ways_out(tmp_path, capsys):
+    """An updated demo meets the stores of the old one: check (as run) refuses it, naming a new name or the delete."""
+    import optuna
+
+    from paretolab.stores import resolve_stores
+
+    stores = resolve_stores(home=str(tmp_path / "home"))
+    optuna.create_study(study_name="demo", storage=stores.optuna_url).set_user_attr("pipeline_hash", "0123456789abcdef")
+    rc, _, err = check(ROOT / "pipelines" / "demo.yaml", tmp_path / "home", capsys)
+    assert rc == 2 and "was started from a different pipeline (hash 0123456789abcdef" in err, err
+    assert "give the changed pipeline a new `name`, or remove the old study (`paretolab studies delete demo`" in err
