@@ -121,15 +121,19 @@ def claims_panel(ctx: Context) -> StudyVerdicts:
 def ring_compared(fig: go.Figure, plot: FrontierData, judged: StudyVerdicts) -> go.Figure:
     """``fig`` with the trials each verdict compares ringed in its badge's colour: one small trace per category, each
     category's rings wider than the last, so a trial compared by several verdicts shows them all, concentric."""
+    from paretolab.dashboard.configurations import point_of
+
     sx, sy = plot.scales()
     points = plot.points.set_index("number", drop=False)
+    shown_as = point_of(plot.points)  # a trial averaged into its configuration's point is ringed there
     for step, (category, colour) in enumerate(RING.items()):
         hover: dict[int, list[str]] = {}
         for row in (r for r in judged.rows if verdict_category(r["verdict"]) == category):
             at = f" at {row['setting']}" if row["setting"] else ""
             for m, b in row["trials"]:
                 for number_, arm in ((m, row["method"]), (b, row["baseline"])):
-                    hover.setdefault(int(number_), []).append(escape(f"{arm} arm of “{row['claim']}”{at}: {row['verdict']}"))
+                    hover.setdefault(shown_as.get(int(number_), int(number_)), []).append(
+                        escape(f"{arm} arm of “{row['claim']}”{at}: {row['verdict']}"))
         numbers = [n for n in sorted(hover) if n in points.index]
         if not numbers:
             continue

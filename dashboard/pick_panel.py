@@ -82,15 +82,18 @@ def mark_decision(fig: go.Figure, plot: FrontierData, decision: Decision | None)
     """``fig`` with the choice starred and its rivals, the cheaper unconfirmed ones and the nearest miss marked."""
     if decision is None:
         return fig
+    from paretolab.dashboard.configurations import point_of
+
     sx, sy = plot.scales()
     points = plot.points.set_index("number", drop=False)
+    shown_as = point_of(plot.points)  # a configuration averaged over its draws is one point
     groups = {"choice": [decision.choice] if decision.choice else [], "rival": decision.rivals,
               "unconfirmed": decision.unconfirmed, "nearest miss": [decision.nearest] if decision.nearest else []}
     for role, candidates in groups.items():
-        numbers = [n for c in candidates for n in c.numbers if n in points.index]
+        numbers = sorted({shown_as.get(n, n) for c in candidates for n in c.numbers} & set(points.index))
         if not numbers:
             continue
-        names = {n: c.name() for c in candidates for n in c.numbers}
+        names = {shown_as.get(n, n): c.name() for c in candidates for n in c.numbers}
         symbol, colour, size = MARKS[role]
         shown = points.loc[numbers]
         fig.add_trace(go.Scatter(

@@ -10,7 +10,9 @@ from streamlit.delta_generator import DeltaGenerator
 
 from paretolab.dashboard.claims_panel import claims_panel, ring_compared, verdicts
 from paretolab.dashboard.context import Context, file_part, label
+from paretolab.dashboard.configurations import configuration_means, replicate_columns
 from paretolab.dashboard.pick_panel import decide_panel, mark_decision
+from paretolab.results.replicates import DEFAULT_REPLICATES
 from paretolab.dashboard.data import feasible_rows, frontier_numbers
 from paretolab.dashboard.tables import frontier_table
 from paretolab.dashboard.plots import (
@@ -110,13 +112,20 @@ def _keep(key: str, options: list[str]) -> list[str]:
 def _plot_data(ctx: Context, frame: pd.DataFrame, x: str, y: str, directions: tuple[str, str], z: str | None, per_method: bool) -> FrontierData:
     table = ctx.table
     complete = frame[frame["state"] == "COMPLETE"]
-    if {x, y} <= {m for m, _ in table.objectives}:
+    params = table.param_columns
+    means = configuration_means(complete, params, [m for m in (x, y, z) if m and m in complete])
+    if means is not None:  # draws of fewer configurations: each at its replicates' mean, the frontier over the means
+        params = [*(c for c in params if c not in replicate_columns(complete, params)), "trials"]
+        complete = means
+        front = frontier_numbers(feasible_rows(complete), [x, y], list(directions))
+        own = frontier_numbers(feasible_rows(complete), [x, y], list(directions), "methods") if per_method else None
+    elif {x, y} <= {m for m, _ in table.objectives}:
         front = table.frontier([x, y], directions)
         own = table.frontier([x, y], directions, by="methods") if per_method else None
     else:  # over the trials that meet the study's constraints; the infeasible ones are still drawn, marked
         front = frontier_numbers(feasible_rows(complete), [x, y], list(directions))
         own = frontier_numbers(feasible_rows(complete), [x, y], list(directions), "methods") if per_method else None
-    return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=table.param_columns,
+    return frontier_points(complete, front, x=x, y=y, directions=directions, z=z, per_method=own, param_columns=params,
                            constraints=table.study.constraints, source=ctx.stores, title=f"{table.study.name}: {y} against {x}")
 
 
@@ -148,15 +157,12 @@ def _notes(ctx: Context, data: FrontierData, failed: int, complete: int, logs: t
 
 
 def replicate_note(points: pd.DataFrame, param_columns: list[str]) -> list[str]:
-    """Say on the plot when its points are draws (seeds, splits) of fewer configurations, as in a routing study over splits."""
-    from paretolab.results.replicates import DEFAULT_REPLICATES
-
-    varying = [c for c in param_columns if c.split(".")[-1] in DEFAULT_REPLICATES and c in points and points[c].nunique() > 1]
-    if not varying:
+    """Say on the plot when its points are configurations averaged over draws (seeds, calibration draws, splits)."""
+    if "draws" not in points:
         return []
-    names = ", ".join(sorted({c.split(".")[-1] for c in varying}))
-    return [f"each point is one draw: trials repeat configurations over {names} ({points[varying[0]].nunique()} values); "
-            "the frontier here pools the draws, `paretolab report` draws one point per configuration (the mean over them)"]
+    names = ", ".join(sorted({c.split(".")[-1] for c in param_columns if c.split(".")[-1] in DEFAULT_REPLICATES})) or "replicates"
+    return [f"each point is a configuration at the mean over its draws ({names}; up to {int(points['draws'].max())} a "
+            "configuration), the frontier drawn over the means, as `paretolab frontier` lists it; hover for its trials"]
 
 
 def provenance_caption(frame: pd.DataFrame, shown: list[str]) -> None:

@@ -53,9 +53,10 @@ def test_frontier_shows_the_claims_verdicts_the_report_gives(wanda_home, tmp_pat
             expect(line.locator(".stMarkdownBadge")).to_have_text(verdict_category(verdict))
             expect(line).to_contain_text("ppl wanda ÷ magnitude = ×")
         expect(page.locator(".stMarkdownBadge")).to_have_count(len(expected))  # no other verdict on the page
-        # the compared trials ringed on the plot: the nine wanda trials and the three magnitude ones they are paired with
+        # the compared trials ringed on the plot: the three wanda configurations (each its draws' mean) and the three
+        # magnitude trials they are paired with
         page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
             const ring = gd && gd._fullData && gd._fullData.find(t => t.name === 'claim: held');
-            return ring && ring.customdata.length === 12; }""", timeout=60_000)
+            return ring && ring.customdata.length === 6; }""", timeout=60_000)
         page.get_by_role("heading", name="Claims").scroll_into_view_if_needed()
         page.screenshot(path=str(tmp_path / "dashboard-claims.png"), full_page=False)

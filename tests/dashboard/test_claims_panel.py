@@ -117,13 +117,15 @@ def test_the_compared_trials_are_ringed_on_the_frontier_in_the_badges_colour(cla
     fig = figure(at)
     rings = {t["name"]: t for t in fig["data"] if t["name"].startswith("claim: ")}
     assert set(rings) == {"claim: held", "claim: did not hold", "claim: inconclusive", "claim: no verdict"}
-    assert sorted(rings["claim: held"]["customdata"]) == list(range(12))  # every wanda trial and the three magnitude ones
-    assert sorted(rings["claim: inconclusive"]["customdata"]) == [2, 5, 8, 11]  # sparsity 0.7
+    # every wanda configuration (its three draws at their mean: one point, first trial 0, 1, 2) and the three magnitude trials
+    assert sorted(rings["claim: held"]["customdata"]) == [0, 1, 2, 9, 10, 11]
+    assert sorted(rings["claim: inconclusive"]["customdata"]) == [2, 11]  # sparsity 0.7
     assert rings["claim: held"]["marker"]["symbol"] == "circle-open" and rings["claim: held"]["marker"]["color"] == "#2ca02c"
     trials = paretolab_trials(claims_env, MIXED)
     ring = rings["claim: inconclusive"]
-    for number, x, y in zip(ring["customdata"], ring["x"], ring["y"]):  # on the trial's own marker: ppl, size in MB
-        assert (x, y) == pytest.approx((trials.loc[number, "ppl"], trials.loc[number, "size_bytes"] / 1e6))
+    draws = {2: [2, 5, 8], 11: [11]}  # on the point's own marker: the draws' mean ppl, size in MB
+    for number, x, y in zip(ring["customdata"], ring["x"], ring["y"]):
+        assert (x, y) == pytest.approx((trials.loc[draws[number], "ppl"].mean(), trials.loc[draws[number], "size_bytes"].mean() / 1e6))
     assert "trial 11" in ring["hovertext"][-1] and "magnitude arm" in ring["hovertext"][-1]
 
 
@@ -214,7 +216,22 @@ def test_the_decide_panel_shows_pick_s_choice_and_marks_it_on_the_frontier(claim
     assert decision.choice is not None and decision.choice.name() == "wanda[sparsity=0.3]"
     assert "\n".join(decision_lines(decision)[2:]) in shown  # the CLI's own lines
     marks = {t["name"]: t for t in figure(at)["data"] if t["name"].startswith("pick: ")}
-    assert sorted(marks["pick: choice"]["customdata"]) == [0, 3, 6] and marks["pick: choice"]["marker"]["symbol"] == "star-diamond"
+    assert list(marks["pick: choice"]["customdata"]) == [0] and marks["pick: choice"]["marker"]["symbol"] == "star-diamond"  # 0+3+6's point
     at.text_input(key="pick_keep").set_value("perplexity no_worse 2 % vs none")
     at.run()
     assert any("no trial recorded 'perplexity'" in str(e.value) for e in at.error)  # refused in its one line, no traceback
+
+
+def test_a_configuration_repeated_over_draws_is_one_point_at_their_mean(claims_env):
+    """wanda's three calibration draws per sparsity: one point each at the draws' mean, the frontier over the means, as
+    `paretolab frontier` lists it; the caption says so."""
+    from paretolab.results.read import frontier_rows
+
+    at = open_app(page="Frontier", study=WANDA)
+    fig = figure(at)
+    points = [t for t in fig["data"] if t.get("customdata") is not None and t["name"] == "wanda"]
+    assert points and sorted(int(row[0]) for t in points for row in t["customdata"]) == [0, 1, 2]  # one per sparsity
+    means = {tuple(r["trials"]): r for r in frontier_rows(WANDA, resolve_stores(home=str(claims_env)))}
+    xs = sorted(x for t in points for x in t["x"])
+    assert xs == pytest.approx(sorted(r["ppl"] for k, r in means.items() if len(k) == 3))
+    assert any("each point is a configuration at the mean over its draws (calib_seed" in str(c.value) for c in at.caption)

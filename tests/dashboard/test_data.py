@@ -110,16 +110,24 @@ def test_categorical_params_of_mixed_types_come_back_as_given(tmp_path):
     assert table.frame["param:c"].tolist() == [None, 2, "x", 1.5]
 
 
-def test_the_frontier_plot_says_when_its_points_are_draws_of_fewer_configurations():
-    """A routing study over three splits: the plot pools the draws and says so; a study without replicates says nothing."""
+def test_the_frontier_plot_averages_the_draws_of_each_configuration_and_says_so():
+    """A routing study over three splits: each configuration one point at its draws' mean, and the caption says so; a
+    study without replicates keeps its trials as they are and says nothing."""
     import pandas as pd
 
+    from paretolab.dashboard.configurations import configuration_means
     from paretolab.dashboard.view_frontier import replicate_note
 
-    points = pd.DataFrame({"param:sdr.split": [0, 1, 2, 0, 1, 2], "param:sdr.cost_weight": [0.1] * 3 + [0.3] * 3})
-    note = replicate_note(points, ["param:sdr.split", "param:sdr.cost_weight"])
-    assert note and note[0].startswith("each point is one draw: trials repeat configurations over split (3 values)")
-    assert replicate_note(points.assign(**{"param:sdr.split": 0}), ["param:sdr.split", "param:sdr.cost_weight"]) == []
+    columns = ["param:sdr.split", "param:sdr.cost_weight"]
+    trials = pd.DataFrame({"number": range(6), "methods": "sdr", "param:sdr.split": [0, 1, 2, 0, 1, 2],
+                           "param:sdr.cost_weight": [0.1] * 3 + [0.3] * 3, "acc": [0.5, 0.6, 0.7, 0.2, 0.3, 0.4]})
+    points = configuration_means(trials, columns, ["acc"])
+    assert points["number"].tolist() == [0, 3] and points["acc"].tolist() == pytest.approx([0.6, 0.3])
+    assert points["trials"].tolist() == ["0+1+2", "3+4+5"] and points["draws"].tolist() == [3, 3]
+    note = replicate_note(points, columns)
+    assert note and note[0].startswith("each point is a configuration at the mean over its draws (split; up to 3")
+    assert configuration_means(trials.assign(**{"param:sdr.split": 0}), columns, ["acc"]) is None
+    assert replicate_note(trials, columns) == []
 
 
 def test_a_repaint_reads_only_new_and_formerly_running_trials_and_matches_a_full_read(tmp_path, monkeypatch):
