@@ -65,7 +65,8 @@ def confirm(decision: Decision, *, stores: Stores | None = None, progress: Any =
             scored[number] = {**trial, **result.metrics, "run_id": run_id, "info": dict(result.info)}
             payload = result.artifacts.get(ARTIFACT)
             per_example[run_id] = json.loads(payload) if payload else None
-    out = Confirmation(examples=str(next(iter(scored.values()))["info"].get("examples", "")), fresh_draws=refreshed)
+    said = str(next(iter(scored.values()))["info"].get("examples", ""))
+    out = Confirmation(examples=said.rsplit(": ", 1)[0], fresh_draws=refreshed)  # "confirm part: 8 of 16 windows (...)", no indices
     baseline = [scored[int(t["trial"])] for t in decision.baseline_config.trials] if decision.baseline_config else []
     for cand in [c for c in wanted[1:] if c is not None]:
         again = Candidate(cand.label, cand.settings, [scored[int(t["trial"])] for t in cand.trials], named=cand.named)

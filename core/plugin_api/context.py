@@ -70,8 +70,9 @@ class TrialContext:
         ``confirm:`` split only its part's (the search scores the search part; ``paretolab pick`` the confirm part)."""
         if self.split is None:
             return list(range(n))
-        self.examples_used = self.split.describe(n, unit)
-        return self.split.indices(n, unit)
+        kept = self.split.indices(n, unit)
+        self.examples_used = f"{self.split.describe(n, unit)}: {unit}s {','.join(map(str, kept))}"
+        return kept
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A seeded torch RNG for this trial (``offset`` separates independent streams)."""

@@ -3,7 +3,7 @@ its choice on (see :mod:`paretolab.plugin_api.examples`)::
 
     confirm: {share: 0.5, seed: 0}   # half the windows (questions) held out, drawn by seed 0
 
-Every trial then scores the search part only (its ``info.examples`` says which, e.g. "search part: 6 of 12 windows");
+Every trial then scores the search part only (its ``info.examples`` says which: "search part: 6 of 12 windows (...): windows 0,2,...");
 the split is part of the pipeline's hash, since it changes what every trial scores.
 """
 

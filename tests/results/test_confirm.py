@@ -42,7 +42,8 @@ def test_search_time_perplexity_never_reads_a_confirm_window(tiny, ctx):
         scored = task.evaluate(tiny, options, ctx)
         kept = ExampleSplit(0.5, 0, part).indices(16)
         assert torch.equal(torch.cat(seen), every[kept]), f"the {part} part read windows outside it"
-        assert scored["n_windows"] == 8 and ctx.examples_used == f"{part} part: 8 of 16 windows (confirm share 0.5, seed 0)"
+        assert scored["n_windows"] == 8  # and the trial records which windows its part holds
+        assert ctx.examples_used == f"{part} part: 8 of 16 windows (confirm share 0.5, seed 0): windows {','.join(map(str, kept))}"
         mine = json.loads((ctx.workdir / ARTIFACT).read_text())["scores"]["nll"]
         assert mine == pytest.approx([per_window[i] for i in kept], rel=1e-5)
     assert whole["n_windows"] == 16
