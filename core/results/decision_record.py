@@ -136,9 +136,23 @@ def _candidate(c: Candidate | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {"configuration": c.name(), "label": c.label, "settings": {k: c.settings[k] for k in sorted(c.settings)},
+            "engines": engine_costs(c),
             "trials": c.numbers, "cost": c.cost, "cost_span": list(c.cost_span), "quality": c.quality,
             "difference": c.difference, "low": c.low, "high": c.high, "replicates": c.replicates, "verdict": c.verdict,
             "in_budget": c.in_budget, "over_budget": c.over}
+
+
+def engine_costs(c: Candidate) -> dict[str, float]:
+    """What the engines measured for a candidate's trials (the engine measure's ``llama_*`` / ``vllm_*`` numbers), each
+    metric's mean over the trials that have it; empty where the study ran no engine."""
+    from paretolab.results.engines import ENGINES
+
+    seen: dict[str, list[float]] = {}
+    for t in c.trials:
+        for k, v in t.items():
+            if k.split("_", 1)[0] in ENGINES and isinstance(v, (int, float)) and not isinstance(v, bool):
+                seen.setdefault(k, []).append(float(v))
+    return {k: sum(vs) / len(vs) for k, vs in sorted(seen.items())}
 
 
 def _settings(c: Candidate) -> str:

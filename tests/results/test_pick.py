@@ -149,3 +149,11 @@ def test_a_results_document_carries_the_decisions_its_manifest_names():
     assert "\n".join(decision_lines(decision)[2:]) in text and "**Not confirmed:**" in text
     with pytest.raises(ConfigError, match=r"extras\[0\].decision: 'macko' is not among the document's studies"):
         check_extras([{"decision": "macko", "keep": "ppl no_worse 2 % vs none"}], ("wanda_vs_magnitude",), "doc")
+
+
+def test_the_record_carries_what_the_engines_measured_for_each_candidate():
+    rows = study([{**trial(10, "kquant", 21.0, 80e6, type="Q4_K_M"), "llama_tok_s_c1": 40.0, "llama_model_bytes": 8.1e7}])
+    record = decision_record(pick(rows, keep="ppl no_worse 10 % vs none"))
+    by_name = {c["configuration"]: c for c in record["candidates"]}
+    assert by_name["kquant"]["engines"] == {"llama_model_bytes": 8.1e7, "llama_tok_s_c1": 40.0}
+    assert by_name["gptq[bits=4]"]["engines"] == {}
